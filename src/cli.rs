@@ -1,0 +1,235 @@
+//! The command line: `serve`, `check-config`, `count`, `compact`.
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::compaction::{Mode, RequestContext};
+use crate::config::{CliOverrides, Config, LogFormat};
+use crate::measure::{calibration, windows::WindowTable, Meter};
+use crate::request::ChatRequest;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "compactor",
+    version,
+    about = "An OpenAI-compatible proxy that compacts long conversations"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum LogFormatArg {
+    Text,
+    Json,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct Common {
+    /// Configuration file (TOML). Without it, the embedded defaults apply.
+    #[arg(long, short = 'c', env = "COMPACTOR_CONFIG")]
+    pub config: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the proxy.
+    Serve {
+        #[command(flatten)]
+        common: Common,
+        /// Address to listen on (default 127.0.0.1:8787).
+        #[arg(long)]
+        listen: Option<String>,
+        /// Base URL of the provider (default https://api.openai.com/v1).
+        #[arg(long)]
+        upstream: Option<String>,
+        /// Checkpoint store: a SQLite file path, `memory`, or `redis://…`.
+        #[arg(long)]
+        store: Option<String>,
+        #[arg(long, value_enum)]
+        log_format: Option<LogFormatArg>,
+    },
+    /// Validate the configuration and print it, secrets redacted.
+    CheckConfig {
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Count the tokens of a chat request body (a file, or `-` for stdin).
+    Count {
+        #[command(flatten)]
+        common: Common,
+        #[arg(default_value = "-")]
+        file: String,
+    },
+    /// Run the compaction path on a request body and print the rewritten request.
+    Compact {
+        #[command(flatten)]
+        common: Common,
+        file: String,
+        /// The model's context window, in tokens.
+        #[arg(long)]
+        window: Option<u64>,
+        /// Compact even when the request fits.
+        #[arg(long)]
+        force: bool,
+        /// Provider for the summary request (default: the configured upstream).
+        #[arg(long)]
+        upstream: Option<String>,
+    },
+}
+
+fn load(common: &Common, overrides: &CliOverrides) -> Result<Config, String> {
+    Config::load(common.config.as_deref(), std::env::vars(), overrides).map_err(|e| e.to_string())
+}
+
+fn read_input(file: &str) -> Result<Vec<u8>, String> {
+    if file == "-" {
+        let mut buf = Vec::new();
+        std::io::stdin()
+            .read_to_end(&mut buf)
+            .map_err(|e| format!("stdin: {e}"))?;
+        Ok(buf)
+    } else {
+        std::fs::read(file).map_err(|e| format!("{file}: {e}"))
+    }
+}
+
+/// Runs a subcommand other than `serve`.
+pub async fn run_tool(command: Command) -> Result<(), String> {
+    match command {
+        Command::CheckConfig { common } => {
+            let config = load(&common, &CliOverrides::default())?;
+            print!("{}", config.redacted_toml());
+            Ok(())
+        }
+        Command::Count { common, file } => {
+            let config = load(&common, &CliOverrides::default())?;
+            let body = read_input(&file)?;
+            let request = ChatRequest::parse(&body).map_err(|e| e.to_string())?;
+            let measured = Meter::new(1024).measure(&request);
+            for (i, (message, facts)) in request.messages.iter().zip(&measured.messages).enumerate()
+            {
+                println!("{i:>5}  {:<10} {:>8}", message.role.as_str(), facts.tokens);
+            }
+            if measured.tools_tokens > 0 {
+                println!("{:>5}  {:<10} {:>8}", "", "tools", measured.tools_tokens);
+            }
+            let total = measured.total();
+            let (window, _) = WindowTable::new(&config.windows, config.default_window)
+                .window(&request.model, None);
+            let estimated = calibration::apply(total, calibration::initial_factor(&request.model));
+            println!(
+                "total {total} tokens ({:?} encoding), model {}",
+                measured.encoding, request.model
+            );
+            if estimated != total {
+                println!("estimated for this model's tokenizer: {estimated} tokens");
+            }
+            println!(
+                "window {window} tokens, {:.1}% used",
+                estimated as f64 * 100.0 / window as f64
+            );
+            Ok(())
+        }
+        Command::Compact {
+            common,
+            file,
+            window,
+            force,
+            upstream,
+        } => {
+            let mut config = load(
+                &common,
+                &CliOverrides {
+                    upstream,
+                    store: Some("memory".into()),
+                    ..Default::default()
+                },
+            )?;
+            let body = read_input(&file)?;
+            let request = ChatRequest::parse(&body).map_err(|e| e.to_string())?;
+            if let Some(w) = window {
+                config.windows.insert(request.model.to_ascii_lowercase(), w);
+            }
+            config.compaction.ahead_of_time = false;
+            let app = crate::server::build(&config).await?;
+            let credential = std::env::var("OPENAI_API_KEY").unwrap_or_default();
+            let mut credentials = http::HeaderMap::new();
+            if !credential.is_empty() {
+                let value = http::HeaderValue::from_str(&format!("Bearer {credential}"))
+                    .map_err(|e| e.to_string())?;
+                credentials.insert(http::header::AUTHORIZATION, value);
+            }
+            let context = RequestContext {
+                tenant: crate::identity::tenant(""),
+                credentials,
+                mode: if force { Mode::Force } else { Mode::Auto },
+                instructions: None,
+                force_usage: false,
+            };
+            let started = std::time::Instant::now();
+            let prepared = Arc::clone(&app.engine)
+                .prepare(&context, &request, None)
+                .await
+                .map_err(|e| e.to_string())?;
+            let o = &prepared.outcome;
+            println!("{}", String::from_utf8_lossy(&prepared.body));
+            eprintln!(
+                "window {} | tokens before {} | after {} | compacted {} | summary {} ms | proxy {} ms{}",
+                o.window,
+                o.tokens_before,
+                o.tokens_after,
+                o.compacted,
+                o.summary_time.as_millis(),
+                started.elapsed().saturating_sub(o.summary_time).as_millis(),
+                o.status.as_ref().map(|s| format!(" | {}", s.header_value())).unwrap_or_default()
+            );
+            Ok(())
+        }
+        Command::Serve { .. } => Err("serve is not a tool command".into()),
+    }
+}
+
+/// Runs `serve`.
+pub async fn run_serve(
+    common: Common,
+    overrides: CliOverrides,
+    init_logs: impl FnOnce(LogFormat),
+) -> Result<(), String> {
+    let config = load(&common, &overrides)?;
+    init_logs(config.log_format);
+    Meter::warm_up();
+    let listener = tokio::net::TcpListener::bind(&config.listen)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
+    let app = crate::server::build(&config).await?;
+    tracing::info!(listen = %config.listen, upstream = %config.upstream, store = app.engine.store().kind(), "Compactor is listening.");
+    crate::server::serve(
+        listener,
+        app,
+        crate::server::shutdown_signal(),
+        std::time::Duration::from_millis(config.shutdown_grace_ms),
+    )
+    .await
+    .map_err(|e| e.to_string())
+}
+
+impl From<LogFormatArg> for LogFormat {
+    fn from(v: LogFormatArg) -> LogFormat {
+        match v {
+            LogFormatArg::Text => LogFormat::Text,
+            LogFormatArg::Json => LogFormat::Json,
+        }
+    }
+}
+
+/// Exit code for a failed command.
+pub fn fail(message: &str) -> ExitCode {
+    eprintln!("compactor: {message}");
+    ExitCode::FAILURE
+}

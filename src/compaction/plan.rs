@@ -1,0 +1,288 @@
+//! Where to cut: which messages the summary replaces and which stay verbatim. A pure function of
+//! roles and token counts, so it is property-tested without any I/O.
+//!
+//! Rules:
+//! - keep the newest messages up to `keep_budget` tokens, preferring whole turns (a turn starts
+//!   at a user message);
+//! - never start the kept part with a tool result, so no result is separated from the assistant
+//!   message that called it;
+//! - the last user message always stays verbatim: when its turn alone is over budget, the turn is
+//!   split: the user message is pinned after the summary and the turn's early steps are
+//!   summarized;
+//! - tool results too large to keep whole are cut in the middle to fit;
+//! - instruction (system/developer) messages are never summarized.
+
+use crate::request::Role;
+use crate::store::Truncation;
+
+/// Smallest share of a tool result kept when one must be cut to fit.
+pub const MIN_TRUNCATED_TOKENS: u64 = 48;
+
+/// The conversation as the planner sees it.
+#[derive(Debug, Clone)]
+pub struct PlanInput<'a> {
+    pub roles: &'a [Role],
+    /// Tokens per message (same length as `roles`).
+    pub tokens: &'a [u64],
+    /// Messages `[0..start)` are already covered by the checkpoint being extended (0: none).
+    pub start: usize,
+    /// The pinned user message of that checkpoint, if any.
+    pub pinned: Option<usize>,
+    /// Most tokens the verbatim part may take (pinned user message included).
+    pub keep_budget: u64,
+}
+
+/// The cut chosen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    /// Messages `[0..cut)` become the summary (except instructions and `pinned_user`).
+    pub cut: usize,
+    pub pinned_user: Option<usize>,
+    pub truncations: Vec<Truncation>,
+}
+
+impl Plan {
+    /// Indices of the messages the summary must cover, beyond those of the previous checkpoint.
+    pub fn newly_covered(&self, input: &PlanInput) -> Vec<usize> {
+        let previous_pinned = input.pinned.filter(|p| Some(*p) != self.pinned_user);
+        previous_pinned
+            .into_iter()
+            .chain(input.start..self.cut)
+            .filter(|&i| !input.roles[i].is_instruction() && Some(i) != self.pinned_user)
+            .collect()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    #[error("no earlier messages to summarize")]
+    NothingToSummarize,
+}
+
+/// Chooses the cut. Fails when no message could be moved into the summary.
+pub fn plan(input: &PlanInput) -> Result<Plan, PlanError> {
+    let chosen = choose_cut(input)?;
+    if chosen.newly_covered(input).is_empty() {
+        return Err(PlanError::NothingToSummarize);
+    }
+    Ok(chosen)
+}
+
+fn choose_cut(input: &PlanInput) -> Result<Plan, PlanError> {
+    let n = input.roles.len();
+    let roles = input.roles;
+    let tokens = |i: usize| {
+        if roles[i].is_instruction() {
+            0
+        } else {
+            input.tokens[i]
+        }
+    };
+    // tail[c] = verbatim tokens of messages [c..n).
+    let mut tail = vec![0u64; n + 1];
+    for i in (0..n).rev() {
+        tail[i] = tail[i + 1] + tokens(i);
+    }
+    let last_user = (input.start..n)
+        .rev()
+        .find(|&i| roles[i] == Role::User)
+        .or(input.pinned);
+
+    // Whole turns: the earliest user message after `start` whose turn and everything after fits.
+    if let Some(u) = last_user.filter(|&u| u > input.start) {
+        if let Some(cut) =
+            (input.start + 1..=u).find(|&c| roles[c] == Role::User && tail[c] <= input.keep_budget)
+        {
+            return Ok(Plan {
+                cut,
+                pinned_user: None,
+                truncations: vec![],
+            });
+        }
+    }
+
+    // Split turn: pin the last user message, keep the newest steps of its turn that fit.
+    let pinned_cost = last_user.map(tokens).unwrap_or(0);
+    let lowest = last_user.map_or(input.start, |u| u.max(input.start)) + 1;
+    let is_valid_cut = |c: usize| c == n || roles[c] != Role::Tool;
+    let candidates: Vec<usize> = (lowest..=n).filter(|&c| is_valid_cut(c)).collect();
+    let pinned_user = last_user.filter(|&u| u < lowest);
+    let budget_left = input.keep_budget.saturating_sub(pinned_cost);
+    if let Some(&cut) = candidates
+        .iter()
+        .find(|&&c| tail[c] <= budget_left && c < n)
+    {
+        return Ok(Plan {
+            cut,
+            pinned_user,
+            truncations: vec![],
+        });
+    }
+    // Even the newest step does not fit whole: keep it with its tool results cut in the middle,
+    // when that leaves each result a useful share; otherwise summarize it too.
+    if let Some(&cut) = candidates.iter().rev().find(|&&c| c < n) {
+        if let Some(truncations) = fit_by_truncating(input, cut, budget_left) {
+            return Ok(Plan {
+                cut,
+                pinned_user,
+                truncations,
+            });
+        }
+    }
+    if candidates.contains(&n) && (n > input.start || input.pinned != pinned_user) {
+        return Ok(Plan {
+            cut: n,
+            pinned_user,
+            truncations: vec![],
+        });
+    }
+    Err(PlanError::NothingToSummarize)
+}
+
+/// Cuts the tool results in `[cut..n)` so the kept part fits `budget`, sharing what is left
+/// in proportion to their sizes. `None` when that would leave a result almost nothing.
+fn fit_by_truncating(input: &PlanInput, cut: usize, budget: u64) -> Option<Vec<Truncation>> {
+    let n = input.roles.len();
+    let is_result = |i: usize| matches!(input.roles[i], Role::Tool | Role::Other);
+    let fixed: u64 = (cut..n)
+        .filter(|&i| !is_result(i) && !input.roles[i].is_instruction())
+        .map(|i| input.tokens[i])
+        .sum();
+    let results: Vec<usize> = (cut..n).filter(|&i| is_result(i)).collect();
+    let results_total: u64 = results.iter().map(|&i| input.tokens[i]).sum();
+    let room = budget.checked_sub(fixed)?;
+    if results.is_empty() || results_total <= room {
+        return None;
+    }
+    let truncations: Vec<Truncation> = results
+        .iter()
+        .map(|&i| Truncation {
+            index: i,
+            keep_tokens: input.tokens[i] * room / results_total.max(1),
+        })
+        .collect();
+    if truncations
+        .iter()
+        .any(|t| t.keep_tokens < MIN_TRUNCATED_TOKENS)
+    {
+        return None;
+    }
+    Some(truncations)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use Role::*;
+
+    fn run(roles: &[Role], tokens: &[u64], budget: u64) -> Plan {
+        plan(&PlanInput {
+            roles,
+            tokens,
+            start: 0,
+            pinned: None,
+            keep_budget: budget,
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn keeps_whole_turns_within_budget() {
+        let roles = [
+            System, User, Assistant, User, Assistant, Tool, Assistant, User,
+        ];
+        let tokens = [50, 10, 10, 10, 10, 10, 10, 10];
+        let p = run(&roles, &tokens, 55);
+        assert_eq!(
+            p,
+            Plan {
+                cut: 3,
+                pinned_user: None,
+                truncations: vec![]
+            }
+        );
+        let p = run(&roles, &tokens, 30);
+        assert_eq!(p.cut, 7);
+    }
+
+    #[test]
+    fn splits_an_oversized_turn_pinning_its_user_message() {
+        let roles = [
+            User, Assistant, User, Assistant, Tool, Assistant, Tool, Tool,
+        ];
+        let tokens = [10, 10, 10, 10, 100, 10, 30, 30];
+        let p = run(&roles, &tokens, 100);
+        // The last turn (from index 2) is 200 tokens; keep user 2 pinned plus 5..8 (70 tokens).
+        assert_eq!(
+            p,
+            Plan {
+                cut: 5,
+                pinned_user: Some(2),
+                truncations: vec![]
+            }
+        );
+    }
+
+    #[test]
+    fn truncates_a_huge_newest_tool_result() {
+        let roles = [User, Assistant, Tool, User, Assistant, Tool];
+        let tokens = [10, 10, 10, 10, 10, 5000];
+        let p = run(&roles, &tokens, 1000);
+        assert_eq!(p.cut, 4);
+        assert_eq!(p.pinned_user, Some(3));
+        assert_eq!(
+            p.truncations,
+            vec![Truncation {
+                index: 5,
+                keep_tokens: 980
+            }]
+        );
+    }
+
+    #[test]
+    fn extends_a_previous_checkpoint() {
+        let roles = [
+            System, User, Assistant, User, Assistant, User, Assistant, User,
+        ];
+        let tokens = [5, 10, 10, 10, 10, 10, 10, 10];
+        let p = plan(&PlanInput {
+            roles: &roles,
+            tokens: &tokens,
+            start: 3,
+            pinned: None,
+            keep_budget: 25,
+        })
+        .unwrap();
+        assert_eq!(p.cut, 7);
+        let input = PlanInput {
+            roles: &roles,
+            tokens: &tokens,
+            start: 3,
+            pinned: None,
+            keep_budget: 25,
+        };
+        assert_eq!(p.newly_covered(&input), vec![3, 4, 5, 6]);
+    }
+
+    #[test]
+    fn refuses_when_nothing_can_move() {
+        let roles = [System, User];
+        // The only user message must stay verbatim, and nothing else exists to summarize.
+        let err = plan(&PlanInput {
+            roles: &roles,
+            tokens: &[5, 10],
+            start: 0,
+            pinned: None,
+            keep_budget: 5,
+        });
+        assert_eq!(err, Err(PlanError::NothingToSummarize));
+        let err = plan(&PlanInput {
+            roles: &roles,
+            tokens: &[5, 10],
+            start: 2,
+            pinned: Some(1),
+            keep_budget: 5,
+        });
+        assert_eq!(err, Err(PlanError::NothingToSummarize));
+    }
+}

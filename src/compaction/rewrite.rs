@@ -1,0 +1,238 @@
+//! Applying a checkpoint: the message array the provider receives.
+//!
+//! `instructions (byte for byte) + summary message + pinned user message + kept messages`. The
+//! result depends only on the request and the checkpoint, so between compactions every request
+//! of a conversation starts with the same bytes and provider prompt caches keep hitting.
+
+use std::borrow::Cow;
+
+use serde_json::value::RawValue;
+use serde_json::Value;
+
+use crate::request::{ChatRequest, Role};
+use crate::store::{Checkpoint, Truncation};
+
+/// The words around a summary that tell the model what it is reading.
+const SUMMARY_PREAMBLE: &str = "[Context compacted] The earlier part of this conversation was \
+replaced by the summary below to fit the model's context window. Treat it as the record of \
+what was said and done before; the messages after it continue the conversation verbatim.";
+
+/// The summary message's text, with the file lists appended deterministically.
+pub fn summary_text(summary: &str, files_read: &[String], files_modified: &[String]) -> String {
+    let mut text = format!("{SUMMARY_PREAMBLE}\n\n<summary>\n{}\n", summary.trim());
+    if !files_read.is_empty() {
+        text.push_str("\n<files-read>\n");
+        for f in files_read {
+            text.push_str(f);
+            text.push('\n');
+        }
+        text.push_str("</files-read>\n");
+    }
+    if !files_modified.is_empty() {
+        text.push_str("\n<files-modified>\n");
+        for f in files_modified {
+            text.push_str(f);
+            text.push('\n');
+        }
+        text.push_str("</files-modified>\n");
+    }
+    text.push_str("</summary>");
+    text
+}
+
+fn to_raw(value: &Value) -> Box<RawValue> {
+    // Serializing a Value cannot produce invalid JSON.
+    RawValue::from_string(value.to_string()).expect("serde_json output is valid JSON")
+}
+
+/// The summary as a user message of its own.
+pub fn summary_message(text: &str) -> Box<RawValue> {
+    to_raw(&serde_json::json!({"role": "user", "content": text}))
+}
+
+/// The messages to send for `request` under `checkpoint`.
+///
+/// `message_tokens` gives each message's token count, used to size middle cuts.
+pub fn rewrite<'a>(
+    request: &'a ChatRequest,
+    checkpoint: &Checkpoint,
+    message_tokens: &[u64],
+    merge_into_user: bool,
+) -> Vec<Cow<'a, RawValue>> {
+    let messages = &request.messages;
+    let covered = checkpoint.covered.min(messages.len());
+    let text = summary_text(
+        &checkpoint.summary,
+        &checkpoint.files_read,
+        &checkpoint.files_modified,
+    );
+    let mut out: Vec<Cow<'a, RawValue>> = Vec::with_capacity(messages.len() - covered + 4);
+    out.extend(
+        messages[..covered]
+            .iter()
+            .filter(|m| m.role.is_instruction())
+            .map(|m| Cow::Borrowed(&*m.raw)),
+    );
+    let pinned = checkpoint.pinned_user.filter(|&p| p < covered);
+    let mut rest: Vec<(usize, Cow<'a, RawValue>)> = pinned
+        .into_iter()
+        .chain(covered..messages.len())
+        .map(|i| {
+            let message = &messages[i];
+            let cut = checkpoint.truncations.iter().find(|t| t.index == i);
+            let raw = match cut {
+                Some(t) => Cow::Owned(truncate_content(
+                    &message.raw,
+                    &message.text,
+                    message_tokens.get(i).copied(),
+                    t,
+                )),
+                None => Cow::Borrowed(&*message.raw),
+            };
+            (i, raw)
+        })
+        .collect();
+    match rest.first_mut() {
+        Some((i, first)) if merge_into_user && messages[*i].role == Role::User => {
+            *first = Cow::Owned(merge_summary(first, &text));
+        }
+        _ => out.push(Cow::Owned(summary_message(&text))),
+    }
+    out.extend(rest.into_iter().map(|(_, raw)| raw));
+    out
+}
+
+/// Puts the summary at the start of a user message's content.
+fn merge_summary(message: &RawValue, summary: &str) -> Box<RawValue> {
+    let Ok(mut value) = serde_json::from_str::<Value>(message.get()) else {
+        return message.to_owned();
+    };
+    let merged = match value.get("content") {
+        Some(Value::String(s)) => Value::String(format!("{summary}\n\n{s}")),
+        Some(Value::Array(parts)) => {
+            let mut parts = parts.clone();
+            parts.insert(0, serde_json::json!({"type": "text", "text": summary}));
+            Value::Array(parts)
+        }
+        _ => Value::String(summary.to_string()),
+    };
+    value["content"] = merged;
+    to_raw(&value)
+}
+
+/// Cuts the middle out of a text so that about `keep_tokens` of `tokens` remain, with a marker
+/// saying how much went.
+pub fn cut_middle(text: &str, tokens: u64, keep_tokens: u64) -> String {
+    if keep_tokens >= tokens {
+        return text.to_string();
+    }
+    let chars = text.chars().count() as u64;
+    let keep_chars = (chars * keep_tokens / tokens.max(1)) as usize;
+    let head = keep_chars / 2;
+    let tail = keep_chars - head;
+    let start_tail = chars as usize - tail;
+    let head_end = text.char_indices().nth(head).map_or(text.len(), |(b, _)| b);
+    let tail_start = text
+        .char_indices()
+        .nth(start_tail)
+        .map_or(text.len(), |(b, _)| b);
+    format!(
+        "{}\n\n[... {} of {} characters (about {} tokens) cut from the middle ...]\n\n{}",
+        &text[..head_end],
+        start_tail - head,
+        chars,
+        tokens - keep_tokens,
+        &text[tail_start..]
+    )
+}
+
+fn truncate_content(
+    raw: &RawValue,
+    text: &str,
+    tokens: Option<u64>,
+    cut: &Truncation,
+) -> Box<RawValue> {
+    let Ok(mut value) = serde_json::from_str::<Value>(raw.get()) else {
+        return raw.to_owned();
+    };
+    let tokens = tokens.unwrap_or((text.len() / 4) as u64).max(1);
+    value["content"] = Value::String(cut_middle(text, tokens, cut.keep_tokens));
+    to_raw(&value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request() -> ChatRequest {
+        ChatRequest::parse(
+            br#"{"model":"m","messages":[
+            {"role":"system","content":"rules", "z":1},
+            {"role":"user","content":"one"},
+            {"role":"assistant","content":"two"},
+            {"role":"user","content":"three"},
+            {"role":"assistant","content":null,"tool_calls":[{"id":"a","type":"function","function":{"name":"read","arguments":"{}"}}]},
+            {"role":"tool","tool_call_id":"a","content":"0123456789abcdefghij"}]}"#,
+        )
+        .unwrap()
+    }
+
+    fn checkpoint(covered: usize, pinned: Option<usize>) -> Checkpoint {
+        let mut cp = crate::store::contract::sample("x", covered, 1);
+        cp.pinned_user = pinned;
+        cp.truncations.clear();
+        cp
+    }
+
+    #[test]
+    fn instructions_summary_then_kept_verbatim() {
+        let req = request();
+        let out = rewrite(&req, &checkpoint(3, None), &[1; 6], false);
+        let texts: Vec<&str> = out.iter().map(|m| m.get()).collect();
+        assert_eq!(texts[0], req.messages[0].raw.get());
+        assert!(
+            texts[1].contains("<summary>")
+                && texts[1].contains("ship it")
+                && texts[1].contains("src/a.rs")
+        );
+        assert_eq!(
+            &texts[2..],
+            &[
+                req.messages[3].raw.get(),
+                req.messages[4].raw.get(),
+                req.messages[5].raw.get()
+            ]
+        );
+    }
+
+    #[test]
+    fn pinned_user_follows_the_summary_and_merge_joins_them() {
+        let req = request();
+        let out = rewrite(&req, &checkpoint(5, Some(3)), &[1; 6], false);
+        assert_eq!(out.len(), 4);
+        assert_eq!(out[2].get(), req.messages[3].raw.get());
+        let merged = rewrite(&req, &checkpoint(5, Some(3)), &[1; 6], true);
+        assert_eq!(merged.len(), 3);
+        let v: Value = serde_json::from_str(merged[1].get()).unwrap();
+        let content = v["content"].as_str().unwrap();
+        assert!(content.starts_with(SUMMARY_PREAMBLE) && content.ends_with("three"));
+    }
+
+    #[test]
+    fn truncation_cuts_the_middle_with_a_marker() {
+        let cut = cut_middle("0123456789abcdefghij", 10, 4);
+        assert!(
+            cut.starts_with("0123") && cut.ends_with("ghij") && cut.contains("12 of 20 characters"),
+            "{cut}"
+        );
+        let mut cp = checkpoint(3, None);
+        cp.truncations.push(Truncation {
+            index: 5,
+            keep_tokens: 4,
+        });
+        let req = request();
+        let out = rewrite(&req, &cp, &[1, 1, 1, 1, 1, 10], false);
+        assert!(out.last().unwrap().get().contains("cut from the middle"));
+        assert!(cut_middle("héllo wörld ünïcode", 5, 2).is_char_boundary(0));
+    }
+}

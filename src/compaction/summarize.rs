@@ -1,0 +1,273 @@
+//! The summary request: its own system prompt, the older turns as a labelled transcript, the
+//! previous summary when there is one, and chunking when the span is larger than the
+//! summarizer's window. Building requests and reading answers is pure; sending them is the
+//! engine's job.
+
+use serde_json::{json, Value};
+
+use crate::measure::Encoding;
+use crate::request::{Message, Role};
+
+use super::rewrite::cut_middle;
+
+/// The summarizer's system prompt.
+pub const SYSTEM_PROMPT: &str = "You maintain the working memory of an AI assistant (usually a coding \
+agent) whose earlier conversation no longer fits its context window. From the transcript you are \
+given, write a summary the assistant can rely on to carry on the same work without the original \
+messages. You are not a participant: do not answer questions in the transcript, do not continue the \
+task, do not address the user.
+
+Write Markdown with exactly these sections, in this order:
+## Goal
+What the user wants overall, in one to three sentences.
+## Constraints and preferences
+Requirements, conventions, and preferences the user stated or the work revealed.
+## Progress
+### Done
+### In progress
+### Blocked
+## Key decisions
+Each decision with the reason it was taken.
+## Next steps
+What the assistant should do next, in order.
+## Critical context
+Exact file paths, function and variable names, commands, error messages, versions, numbers, \
+identifiers, and values that the assistant will need. Copy them verbatim.
+
+Be specific and factual; prefer concrete names over descriptions. Write \"None\" under a section \
+with nothing to say. Do not invent anything that is not in the transcript.";
+
+/// Instructions for a first summary.
+const FIRST: &str = "Write the summary of the transcript above.";
+/// Instructions for folding a new span into an existing summary.
+const UPDATE: &str = "The previous summary above covers the conversation before this transcript. \
+Write one updated summary that keeps everything in the previous summary that still matters and adds \
+what the transcript shows: move finished work to Done, update In progress and Next steps, and keep \
+all critical details from both.";
+
+/// Longest tool result, in characters, copied into a transcript whole.
+pub const TRANSCRIPT_RESULT_CHARS: usize = 4000;
+/// Longest other message, in characters, copied whole.
+pub const TRANSCRIPT_MESSAGE_CHARS: usize = 16000;
+
+/// One message rendered for the transcript.
+pub fn transcript_entry(message: &Message) -> String {
+    let limit = if matches!(message.role, Role::Tool | Role::Other) {
+        TRANSCRIPT_RESULT_CHARS
+    } else {
+        TRANSCRIPT_MESSAGE_CHARS
+    };
+    let text = shorten(&message.text, limit);
+    let mut entry = String::new();
+    match message.role {
+        Role::Tool | Role::Other => {
+            let label = message
+                .name
+                .as_deref()
+                .or(message.tool_call_id.as_deref())
+                .unwrap_or("tool");
+            entry.push_str(&format!("[tool result {label}]\n{text}\n"));
+        }
+        role => {
+            if !text.is_empty() {
+                entry.push_str(&format!("[{}]\n{text}\n", role.as_str()));
+            }
+            if message.media_parts > 0 {
+                entry.push_str(&format!(
+                    "[{} attached {} image(s)]\n",
+                    role.as_str(),
+                    message.media_parts
+                ));
+            }
+            for call in &message.tool_calls {
+                let args = shorten(&call.arguments, TRANSCRIPT_RESULT_CHARS);
+                entry.push_str(&format!(
+                    "[assistant calls {} ({})]\n{args}\n",
+                    call.name, call.id
+                ));
+            }
+        }
+    }
+    entry
+}
+
+fn shorten(text: &str, limit: usize) -> String {
+    let chars = text.chars().count();
+    if chars <= limit {
+        return text.to_string();
+    }
+    // Token figures are unknown here; characters stand in for both sides of the ratio.
+    cut_middle(text, chars as u64, limit as u64)
+}
+
+/// The body of one summary request.
+pub fn request_body(
+    model: &str,
+    previous: Option<&str>,
+    transcript: &str,
+    instructions: &[&str],
+    max_tokens: u64,
+) -> Value {
+    let mut user = String::new();
+    if let Some(previous) = previous {
+        user.push_str("<previous-summary>\n");
+        user.push_str(previous.trim());
+        user.push_str("\n</previous-summary>\n\n");
+    }
+    user.push_str("<transcript>\n");
+    user.push_str(transcript);
+    user.push_str("</transcript>\n\n");
+    user.push_str(if previous.is_some() { UPDATE } else { FIRST });
+    for extra in instructions.iter().filter(|s| !s.trim().is_empty()) {
+        user.push_str("\n\nAdditional instructions: ");
+        user.push_str(extra.trim());
+    }
+    json!({
+        "model": model,
+        "messages": [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": user},
+        ],
+        "max_tokens": max_tokens,
+        "temperature": 0.2,
+        "stream": false,
+    })
+}
+
+/// Tokens a summary request costs apart from its transcript and previous summary.
+pub fn fixed_cost(encoding: Encoding) -> u64 {
+    encoding.count(SYSTEM_PROMPT) + encoding.count(UPDATE) + 64
+}
+
+/// Splits transcript entries into chunks of at most `budget` tokens, oldest first. An entry
+/// larger than the budget is cut in the middle to fit.
+pub fn chunk(entries: Vec<String>, encoding: Encoding, budget: u64) -> Vec<String> {
+    let budget = budget.max(256);
+    let mut chunks = Vec::new();
+    let mut current = String::new();
+    let mut current_tokens = 0;
+    for entry in entries {
+        let mut tokens = encoding.count(&entry);
+        let entry = if tokens > budget {
+            let cut = cut_middle(&entry, tokens, budget * 9 / 10);
+            tokens = encoding.count(&cut);
+            cut
+        } else {
+            entry
+        };
+        if current_tokens + tokens > budget && !current.is_empty() {
+            chunks.push(std::mem::take(&mut current));
+            current_tokens = 0;
+        }
+        current.push_str(&entry);
+        current.push('\n');
+        current_tokens += tokens;
+    }
+    if !current.is_empty() {
+        chunks.push(current);
+    }
+    chunks
+}
+
+/// Why a summary answer cannot be used.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum AnswerError {
+    #[error("summary response is not a chat completion")]
+    Malformed,
+    #[error("summarizer returned an empty summary")]
+    Empty,
+    #[error("summary was cut off by the token limit")]
+    Truncated,
+}
+
+/// The summary text of a chat completion response.
+pub fn read_answer(body: &[u8]) -> Result<String, AnswerError> {
+    let value: Value = serde_json::from_slice(body).map_err(|_| AnswerError::Malformed)?;
+    let choice = value
+        .get("choices")
+        .and_then(|c| c.get(0))
+        .ok_or(AnswerError::Malformed)?;
+    let content = choice
+        .get("message")
+        .and_then(|m| m.get("content"))
+        .and_then(|c| c.as_str())
+        .unwrap_or("")
+        .trim();
+    if content.is_empty() {
+        return Err(AnswerError::Empty);
+    }
+    // A summary cut off mid-sentence is still better than none when it has its first sections;
+    // only an answer that ended before saying anything useful is refused.
+    if choice.get("finish_reason").and_then(|f| f.as_str()) == Some("length") && content.len() < 200
+    {
+        return Err(AnswerError::Truncated);
+    }
+    Ok(content.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::request::ChatRequest;
+
+    #[test]
+    fn transcript_labels_roles_calls_and_cuts_long_results() {
+        let long = "x".repeat(10_000);
+        let body = format!(
+            r#"{{"model":"m","messages":[{{"role":"user","content":"fix it"}},
+            {{"role":"assistant","content":"ok","tool_calls":[{{"id":"c1","type":"function","function":{{"name":"read","arguments":"{{\"path\":\"a.rs\"}}"}}}}]}},
+            {{"role":"tool","tool_call_id":"c1","content":"{long}"}}]}}"#
+        );
+        let req = ChatRequest::parse(body.as_bytes()).unwrap();
+        let entries: Vec<String> = req.messages.iter().map(transcript_entry).collect();
+        assert_eq!(entries[0], "[user]\nfix it\n");
+        assert!(entries[1].contains("[assistant calls read (c1)]\n{\"path\":\"a.rs\"}"));
+        assert!(
+            entries[2].starts_with("[tool result c1]")
+                && entries[2].contains("cut from the middle")
+        );
+        assert!(entries[2].len() < 5000);
+    }
+
+    #[test]
+    fn update_requests_carry_the_previous_summary() {
+        let body = request_body(
+            "m",
+            Some("## Goal\nold"),
+            "[user]\nhi\n",
+            &["keep names"],
+            500,
+        );
+        let user = body["messages"][1]["content"].as_str().unwrap();
+        assert!(user.contains("<previous-summary>\n## Goal\nold") && user.contains("keep names"));
+        assert_eq!(body["max_tokens"], 500);
+        assert!(body.get("tools").is_none());
+    }
+
+    #[test]
+    fn chunks_respect_the_budget_in_order() {
+        let entries: Vec<String> = (0..50)
+            .map(|i| format!("[user]\nmessage number {i} {}\n", "word ".repeat(40)))
+            .collect();
+        let chunks = chunk(entries, Encoding::O200k, 300);
+        assert!(chunks.len() > 5);
+        assert!(chunks.iter().all(|c| Encoding::O200k.count(c) <= 300 + 10));
+        assert!(
+            chunks[0].contains("message number 0 ")
+                && chunks.last().unwrap().contains("message number 49 ")
+        );
+    }
+
+    #[test]
+    fn reads_answers() {
+        assert_eq!(
+            read_answer(br#"{"choices":[{"message":{"content":" ## Goal\nx "}}]}"#).unwrap(),
+            "## Goal\nx"
+        );
+        assert_eq!(
+            read_answer(br#"{"choices":[{"message":{"content":""}}]}"#),
+            Err(AnswerError::Empty)
+        );
+        assert_eq!(read_answer(b"nope"), Err(AnswerError::Malformed));
+    }
+}

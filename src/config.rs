@@ -1,0 +1,385 @@
+//! Configuration: one TOML file, overridden by `COMPACTOR_…` environment variables, overridden by
+//! command-line flags.
+//!
+//! The raw file is read into serde structs that reject unknown keys and fill defaults; `Config`
+//! is that same structure after validation. `config/compactor.toml` documents every key and is
+//! checked by a test to state exactly the defaults written here.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+/// Every way loading configuration can fail; each message names the offending key or file.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
+
+/// The whole configuration, after defaults and overrides.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub listen: String,
+    pub upstream: String,
+    pub upstream_key_env: String,
+    pub store: String,
+    pub max_body_bytes: usize,
+    pub connect_timeout_ms: u64,
+    pub first_byte_timeout_ms: u64,
+    pub shutdown_grace_ms: u64,
+    pub log_format: LogFormat,
+    pub admin_token: String,
+    pub default_window: u64,
+    pub windows: BTreeMap<String, u64>,
+    pub compaction: CompactionConfig,
+    pub summarizer: SummarizerConfig,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+/// When and how conversations are compacted.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CompactionConfig {
+    pub enabled: bool,
+    pub reserve_output_tokens: u64,
+    pub margin_tokens: u64,
+    pub keep_recent_tokens: u64,
+    pub summary_max_tokens: u64,
+    pub merge_summary_into_user: bool,
+    pub instructions: String,
+    pub summary_timeout_ms: u64,
+    pub max_unproductive_compactions: u32,
+    pub ahead_of_time: bool,
+    pub soft_threshold: f64,
+    pub calibrate_streams: bool,
+    pub checkpoint_ttl_secs: u64,
+}
+
+/// Where summary requests go.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct SummarizerConfig {
+    pub upstream: String,
+    pub model: String,
+    pub api_key_env: String,
+    pub window: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: "127.0.0.1:8787".into(),
+            upstream: "https://api.openai.com/v1".into(),
+            upstream_key_env: String::new(),
+            store: "compactor.sqlite3".into(),
+            max_body_bytes: 32 * 1024 * 1024,
+            connect_timeout_ms: 10_000,
+            first_byte_timeout_ms: 600_000,
+            shutdown_grace_ms: 30_000,
+            log_format: LogFormat::Text,
+            admin_token: String::new(),
+            default_window: 128_000,
+            windows: BTreeMap::new(),
+            compaction: CompactionConfig::default(),
+            summarizer: SummarizerConfig::default(),
+        }
+    }
+}
+
+impl Default for CompactionConfig {
+    fn default() -> Self {
+        CompactionConfig {
+            enabled: true,
+            reserve_output_tokens: 16_384,
+            margin_tokens: 1024,
+            keep_recent_tokens: 20_000,
+            summary_max_tokens: 4096,
+            merge_summary_into_user: false,
+            instructions: String::new(),
+            summary_timeout_ms: 120_000,
+            max_unproductive_compactions: 3,
+            ahead_of_time: true,
+            soft_threshold: 0.75,
+            calibrate_streams: true,
+            checkpoint_ttl_secs: 30 * 24 * 3600,
+        }
+    }
+}
+
+/// Values given on the command line; `None` leaves the file/env value alone.
+#[derive(Debug, Default, Clone)]
+pub struct CliOverrides {
+    pub listen: Option<String>,
+    pub upstream: Option<String>,
+    pub store: Option<String>,
+    pub log_format: Option<LogFormat>,
+}
+
+impl Config {
+    /// Loads the file (or the embedded defaults when `path` is `None`), applies the environment
+    /// (given as pairs so tests need not touch the process environment), then the CLI overrides.
+    pub fn load(
+        path: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+        cli: &CliOverrides,
+    ) -> Result<Config, ConfigError> {
+        let text = match path {
+            Some(p) => std::fs::read_to_string(p).map_err(|source| ConfigError::Read {
+                path: p.display().to_string(),
+                source,
+            })?,
+            None => String::new(),
+        };
+        let mut table: toml::Table = toml::from_str(&text)
+            .map_err(|e| ConfigError::Invalid(format!("{}: {}", path_name(path), e.message())))?;
+        apply_env(&mut table, env)?;
+        let mut config: Config = Config::deserialize(toml::Value::Table(table))
+            .map_err(|e| ConfigError::Invalid(e.message().to_string()))?;
+        if let Some(v) = &cli.listen {
+            config.listen = v.clone();
+        }
+        if let Some(v) = &cli.upstream {
+            config.upstream = v.clone();
+        }
+        if let Some(v) = &cli.store {
+            config.store = v.clone();
+        }
+        if let Some(v) = cli.log_format {
+            config.log_format = v;
+        }
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |msg: String| Err(ConfigError::Invalid(msg));
+        if self.listen.parse::<SocketAddr>().is_err() {
+            return bad(format!(
+                "listen: `{}` is not an address like 127.0.0.1:8787",
+                self.listen
+            ));
+        }
+        for (key, url) in [
+            ("upstream", &self.upstream),
+            ("summarizer.upstream", &self.summarizer.upstream),
+        ] {
+            if key == "summarizer.upstream" && url.is_empty() {
+                continue;
+            }
+            match reqwest::Url::parse(url) {
+                Ok(u) if u.scheme() == "http" || u.scheme() == "https" => {}
+                _ => return bad(format!("{key}: `{url}` is not an http(s) URL")),
+            }
+        }
+        if !(0.0..=1.0).contains(&self.compaction.soft_threshold) {
+            return bad("compaction.soft_threshold must be between 0 and 1".into());
+        }
+        if self.default_window < 256 {
+            return bad("default_window must be at least 256 tokens".into());
+        }
+        if self.max_body_bytes == 0 {
+            return bad("max_body_bytes must be positive".into());
+        }
+        Ok(())
+    }
+
+    /// The effective configuration as TOML, with secrets redacted.
+    pub fn redacted_toml(&self) -> String {
+        let mut shown = self.clone();
+        if !shown.admin_token.is_empty() {
+            shown.admin_token = "<redacted>".into();
+        }
+        if let Some(at) = shown.store.find('@') {
+            // `redis://user:password@host` — keep the scheme and host, hide the credentials.
+            if let Some(scheme_end) = shown.store.find("://") {
+                shown.store = format!(
+                    "{}://<redacted>{}",
+                    &shown.store[..scheme_end],
+                    &shown.store[at..]
+                );
+            }
+        }
+        toml::to_string_pretty(&shown).unwrap_or_else(|e| format!("# cannot render: {e}"))
+    }
+
+    /// The key named by `upstream_key_env`, read from the process environment.
+    pub fn upstream_key(&self) -> Option<String> {
+        read_key(&self.upstream_key_env)
+    }
+
+    /// The key named by `summarizer.api_key_env`, read from the process environment.
+    pub fn summarizer_key(&self) -> Option<String> {
+        read_key(&self.summarizer.api_key_env)
+    }
+}
+
+fn read_key(var: &str) -> Option<String> {
+    if var.is_empty() {
+        return None;
+    }
+    std::env::var(var).ok().filter(|v| !v.is_empty())
+}
+
+fn path_name(path: Option<&Path>) -> String {
+    path.map(|p| p.display().to_string())
+        .unwrap_or_else(|| "<defaults>".into())
+}
+
+/// Overlays `COMPACTOR_KEY` and `COMPACTOR_SECTION__KEY` variables onto the file's table. Values
+/// are read as TOML (numbers, booleans) and fall back to plain strings.
+fn apply_env(
+    table: &mut toml::Table,
+    env: impl IntoIterator<Item = (String, String)>,
+) -> Result<(), ConfigError> {
+    for (name, value) in env {
+        let Some(rest) = name.strip_prefix("COMPACTOR_") else {
+            continue;
+        };
+        // Variables the process uses for other purposes (cache folders of scripts, etc.) are
+        // not configuration; only names that map onto a known key are applied.
+        let path: Vec<String> = rest.split("__").map(|s| s.to_ascii_lowercase()).collect();
+        if !is_known_key(&path) {
+            continue;
+        }
+        let parsed = toml::from_str::<toml::Table>(&format!("v = {value}"))
+            .ok()
+            .and_then(|mut t| t.remove("v"))
+            .unwrap_or_else(|| toml::Value::String(value.clone()));
+        let mut slot = &mut *table;
+        for section in &path[..path.len() - 1] {
+            let entry = slot
+                .entry(section.clone())
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+            slot = entry.as_table_mut().ok_or_else(|| {
+                ConfigError::Invalid(format!("{name}: `{section}` is not a section"))
+            })?;
+        }
+        let key = path[path.len() - 1].clone();
+        // A string-typed key given a value that TOML reads as a number stays a string.
+        let value = match (&parsed, is_string_key(&path)) {
+            (toml::Value::String(_), _) | (_, false) => parsed,
+            (_, true) => toml::Value::String(value),
+        };
+        slot.insert(key, value);
+    }
+    Ok(())
+}
+
+fn default_table() -> toml::Table {
+    toml::Table::try_from(Config::default()).unwrap_or_default()
+}
+
+fn key_value(path: &[String]) -> Option<toml::Value> {
+    let mut value = toml::Value::Table(default_table());
+    for part in path {
+        value = value.as_table()?.get(part)?.clone();
+    }
+    Some(value)
+}
+
+fn is_known_key(path: &[String]) -> bool {
+    key_value(path).is_some_and(|v| !v.is_table())
+}
+
+fn is_string_key(path: &[String]) -> bool {
+    key_value(path).is_some_and(|v| v.is_str())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn documented_file_states_the_defaults() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/compactor.toml");
+        let from_file = Config::load(Some(&path), vec![], &CliOverrides::default()).unwrap();
+        assert_eq!(from_file, Config::default());
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, "[compaction]\nkeep_recnt_tokens = 5\n").unwrap();
+        let err = Config::load(Some(&path), vec![], &CliOverrides::default()).unwrap_err();
+        assert!(err.to_string().contains("keep_recnt_tokens"), "{err}");
+    }
+
+    #[test]
+    fn env_overrides_file_and_cli_overrides_env() {
+        let cfg = Config::load(
+            None,
+            env(&[
+                ("COMPACTOR_UPSTREAM", "http://env.example/v1"),
+                ("COMPACTOR_COMPACTION__KEEP_RECENT_TOKENS", "1234"),
+                ("COMPACTOR_ADMIN_TOKEN", "42"),
+                ("COMPACTOR_CACHE", "/tmp/ignored"),
+                ("COMPACTOR_LISTEN", "127.0.0.1:1"),
+            ]),
+            &CliOverrides {
+                listen: Some("127.0.0.1:9".into()),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(cfg.upstream, "http://env.example/v1");
+        assert_eq!(cfg.compaction.keep_recent_tokens, 1234);
+        assert_eq!(cfg.admin_token, "42");
+        assert_eq!(cfg.listen, "127.0.0.1:9");
+    }
+
+    #[test]
+    fn invalid_values_are_rejected_with_the_key() {
+        let err = Config::load(
+            None,
+            env(&[("COMPACTOR_UPSTREAM", "not a url")]),
+            &CliOverrides::default(),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("upstream"), "{err}");
+        let err = Config::load(
+            None,
+            env(&[("COMPACTOR_COMPACTION__KEEP_RECENT_TOKENS", "lots")]),
+            &CliOverrides::default(),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("invalid"), "{err}");
+    }
+
+    #[test]
+    fn redaction_hides_secrets() {
+        let cfg = Config {
+            admin_token: "s3cret".into(),
+            store: "redis://user:pw@redis:6379/".into(),
+            ..Config::default()
+        };
+        let shown = cfg.redacted_toml();
+        assert!(
+            !shown.contains("s3cret") && !shown.contains("pw@"),
+            "{shown}"
+        );
+        assert!(shown.contains("@redis:6379"));
+    }
+}

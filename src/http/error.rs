@@ -1,0 +1,117 @@
+//! The proxy's own errors, each with its status, written in the OpenAI error shape
+//! `{"error": {"message", "type", "param", "code"}}`. Upstream errors never pass through here:
+//! they are forwarded verbatim.
+
+use axum::response::{IntoResponse, Response};
+use http::StatusCode;
+use serde_json::json;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("{message}")]
+    BadRequest {
+        message: String,
+        param: Option<String>,
+        code: Option<&'static str>,
+    },
+    #[error("request body is larger than the limit of {limit} bytes")]
+    TooLarge { limit: usize },
+    #[error("{0}")]
+    ContextLength(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Unauthorized(String),
+    #[error("{0}")]
+    UpstreamUnreachable(String),
+    #[error("{0}")]
+    UpstreamTimeout(String),
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    pub fn bad_request(message: impl Into<String>) -> ApiError {
+        ApiError::BadRequest {
+            message: message.into(),
+            param: None,
+            code: None,
+        }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::BadRequest { .. } | ApiError::ContextLength(_) => StatusCode::BAD_REQUEST,
+            ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            ApiError::UpstreamUnreachable(_) => StatusCode::BAD_GATEWAY,
+            ApiError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    fn kind_and_code(&self) -> (&'static str, Option<&'static str>) {
+        match self {
+            ApiError::BadRequest { code, .. } => ("invalid_request_error", *code),
+            ApiError::TooLarge { .. } => ("invalid_request_error", Some("request_too_large")),
+            ApiError::ContextLength(_) => {
+                ("invalid_request_error", Some("context_length_exceeded"))
+            }
+            ApiError::NotFound(_) => ("invalid_request_error", Some("not_found")),
+            ApiError::Unauthorized(_) => ("invalid_request_error", Some("invalid_api_key")),
+            ApiError::UpstreamUnreachable(_) => ("upstream_error", Some("upstream_unreachable")),
+            ApiError::UpstreamTimeout(_) => ("upstream_error", Some("upstream_timeout")),
+            ApiError::Internal(_) => ("server_error", Some("internal_error")),
+        }
+    }
+
+    pub fn body(&self) -> serde_json::Value {
+        let (kind, code) = self.kind_and_code();
+        let param = match self {
+            ApiError::BadRequest { param, .. } => param.clone(),
+            ApiError::ContextLength(_) => Some("messages".into()),
+            _ => None,
+        };
+        json!({"error": {"message": self.to_string(), "type": kind, "param": param, "code": code}})
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = (self.status(), axum::Json(self.body())).into_response();
+        response
+            .headers_mut()
+            .insert("x-compactor-error", http::HeaderValue::from_static("true"));
+        response
+    }
+}
+
+impl From<crate::request::RequestError> for ApiError {
+    fn from(e: crate::request::RequestError) -> ApiError {
+        ApiError::BadRequest {
+            param: e.param(),
+            message: e.to_string(),
+            code: None,
+        }
+    }
+}
+
+impl From<crate::upstream::UpstreamError> for ApiError {
+    fn from(e: crate::upstream::UpstreamError) -> ApiError {
+        match e {
+            crate::upstream::UpstreamError::Unreachable(m) => {
+                ApiError::UpstreamUnreachable(format!("upstream unreachable: {m}"))
+            }
+            crate::upstream::UpstreamError::Timeout(m) => {
+                ApiError::UpstreamTimeout(format!("upstream timed out: {m}"))
+            }
+        }
+    }
+}
+
+/// The answer to a handler panic: a 500 in the same shape, nothing of the panic's text.
+pub fn panic_response(_panic: Box<dyn std::any::Any + Send + 'static>) -> Response {
+    tracing::error!("A request handler panicked.");
+    ApiError::Internal("internal error in the proxy".into()).into_response()
+}

@@ -1,0 +1,261 @@
+//! Response bodies on their way to the client: forwarded chunk by chunk, watched for `usage`.
+//!
+//! A streaming body is split into SSE events only where the proxy added
+//! `stream_options.include_usage` itself: there the usage-only event is read and removed, so the
+//! client sees exactly the stream it asked for. Otherwise bytes pass untouched and only a bounded
+//! tail is kept to find `usage` at the end.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::{Bytes, BytesMut};
+use futures::Stream;
+
+use crate::upstream::ByteStream;
+
+/// Called once with `usage.prompt_tokens` when the body ends and reported it.
+pub type UsageSink = Box<dyn FnOnce(u64) + Send>;
+
+/// Most bytes of a non-streaming body kept to read its usage.
+const JSON_TAIL_LIMIT: usize = 4 * 1024 * 1024;
+
+pub struct Observed {
+    inner: ByteStream,
+    mode: ObserveMode,
+    buffer: BytesMut,
+    sink: Option<UsageSink>,
+    prompt_tokens: Option<u64>,
+}
+
+enum ObserveMode {
+    /// A JSON body: keep it (bounded) and read `usage` at the end.
+    Json,
+    /// An SSE body: look at each event; drop usage-only events when `strip`.
+    Sse { strip: bool },
+}
+
+impl Observed {
+    pub fn json(inner: ByteStream, sink: UsageSink) -> Observed {
+        Observed::new(inner, ObserveMode::Json, sink)
+    }
+
+    pub fn sse(inner: ByteStream, strip_usage: bool, sink: UsageSink) -> Observed {
+        Observed::new(inner, ObserveMode::Sse { strip: strip_usage }, sink)
+    }
+
+    fn new(inner: ByteStream, mode: ObserveMode, sink: UsageSink) -> Observed {
+        Observed {
+            inner,
+            mode,
+            buffer: BytesMut::new(),
+            sink: Some(sink),
+            prompt_tokens: None,
+        }
+    }
+
+    fn report(&mut self) {
+        if let (Some(sink), Some(tokens)) = (self.sink.take(), self.prompt_tokens) {
+            sink(tokens);
+        }
+    }
+
+    /// Handles one SSE chunk: returns what to forward now.
+    fn sse_chunk(&mut self, chunk: Bytes, strip: bool) -> Bytes {
+        if !strip && !self.buffer.is_empty() {
+            self.buffer.clear();
+        }
+        if !strip {
+            // Pass through untouched; only inspect complete lines that mention usage.
+            if memchr_usage(&chunk) {
+                self.buffer.extend_from_slice(&chunk);
+                self.scan_events(false);
+            }
+            return chunk;
+        }
+        self.buffer.extend_from_slice(&chunk);
+        let out = self.scan_events(true);
+        Bytes::from(out)
+    }
+
+    /// Walks complete events in the buffer; with `strip`, returns the bytes to forward (events
+    /// other than usage-only ones) and keeps an incomplete tail for the next chunk.
+    fn scan_events(&mut self, strip: bool) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.buffer.len());
+        loop {
+            let Some(end) = find_event_end(&self.buffer) else {
+                break;
+            };
+            let event = self.buffer.split_to(end);
+            let usage = usage_of_event(&event);
+            if let Some((tokens, usage_only)) = usage {
+                self.prompt_tokens = Some(tokens);
+                if strip && usage_only {
+                    continue;
+                }
+            }
+            out.extend_from_slice(&event);
+        }
+        if !strip {
+            self.buffer.clear();
+        }
+        out
+    }
+}
+
+fn memchr_usage(chunk: &[u8]) -> bool {
+    chunk.windows(7).any(|w| w == b"\"usage\"")
+}
+
+/// The end (exclusive, including the blank line) of the first complete SSE event.
+fn find_event_end(buffer: &[u8]) -> Option<usize> {
+    let lf = buffer.windows(2).position(|w| w == b"\n\n").map(|p| p + 2);
+    let crlf = buffer
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map(|p| p + 4);
+    match (lf, crlf) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// `usage.prompt_tokens` of an event, and whether the event carries nothing else.
+fn usage_of_event(event: &[u8]) -> Option<(u64, bool)> {
+    if !memchr_usage(event) {
+        return None;
+    }
+    let text = std::str::from_utf8(event).ok()?;
+    let data: String = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .map(|l| l.trim_start())
+        .collect::<Vec<_>>()
+        .join("\n");
+    let value: serde_json::Value = serde_json::from_str(&data).ok()?;
+    let tokens = value.get("usage")?.get("prompt_tokens")?.as_u64()?;
+    let usage_only = value
+        .get("choices")
+        .and_then(|c| c.as_array())
+        .is_some_and(|c| c.is_empty());
+    Some((tokens, usage_only))
+}
+
+impl Stream for Observed {
+    type Item = Result<Bytes, std::io::Error>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        loop {
+            let polled = self.inner.as_mut().poll_next(cx);
+            return match polled {
+                Poll::Ready(Some(Ok(chunk))) => {
+                    let out = match self.mode {
+                        ObserveMode::Json => {
+                            if self.buffer.len() + chunk.len() <= JSON_TAIL_LIMIT {
+                                self.buffer.extend_from_slice(&chunk);
+                            }
+                            chunk
+                        }
+                        ObserveMode::Sse { strip } => self.sse_chunk(chunk, strip),
+                    };
+                    if out.is_empty() {
+                        // Everything in this chunk was held back (an incomplete or stripped
+                        // event); wait for more rather than sending an empty frame.
+                        continue;
+                    }
+                    Poll::Ready(Some(Ok(out)))
+                }
+                Poll::Ready(None) => {
+                    if let ObserveMode::Json = self.mode {
+                        self.prompt_tokens =
+                            serde_json::from_slice::<serde_json::Value>(&self.buffer)
+                                .ok()
+                                .and_then(|v| v.get("usage")?.get("prompt_tokens")?.as_u64());
+                        self.buffer.clear();
+                    } else if !self.buffer.is_empty() {
+                        // A final event without its blank line: forward it as it is.
+                        let rest = self.buffer.split().freeze();
+                        if let Some((tokens, _)) = usage_of_event(&rest) {
+                            self.prompt_tokens = Some(tokens);
+                        }
+                        self.report();
+                        return Poll::Ready(Some(Ok(rest)));
+                    }
+                    self.report();
+                    Poll::Ready(None)
+                }
+                // An upstream failure mid-stream ends the client's stream the same way.
+                other => other,
+            };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::StreamExt;
+    use std::sync::{Arc, Mutex};
+
+    fn source(chunks: &[&'static str]) -> ByteStream {
+        let items: Vec<Result<Bytes, std::io::Error>> = chunks
+            .iter()
+            .map(|c| Ok(Bytes::from_static(c.as_bytes())))
+            .collect();
+        Box::pin(futures::stream::iter(items))
+    }
+
+    async fn run(observed: Observed) -> String {
+        let parts: Vec<Bytes> = observed.map(|c| c.unwrap()).collect().await;
+        String::from_utf8(parts.concat()).unwrap()
+    }
+
+    fn sink() -> (UsageSink, Arc<Mutex<Option<u64>>>) {
+        let seen = Arc::new(Mutex::new(None));
+        let s = seen.clone();
+        (Box::new(move |t| *s.lock().unwrap() = Some(t)), seen)
+    }
+
+    const USAGE: &str = "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":42}}\n\n";
+
+    #[tokio::test]
+    async fn strips_the_usage_event_it_added() {
+        let (s, seen) = sink();
+        let out = run(Observed::sse(
+            source(&[
+                "data: {\"choices\":[{\"delta\":{}}]}\n",
+                "\ndata: {\"choi",
+                "ces\":[],\"usage\":{\"prompt_tokens\":42}}\n\n",
+                "data: [DONE]\n\n",
+            ]),
+            true,
+            s,
+        ))
+        .await;
+        assert_eq!(
+            out,
+            "data: {\"choices\":[{\"delta\":{}}]}\n\ndata: [DONE]\n\n"
+        );
+        assert_eq!(*seen.lock().unwrap(), Some(42));
+    }
+
+    #[tokio::test]
+    async fn keeps_usage_the_client_asked_for() {
+        let (s, seen) = sink();
+        let input = ["data: {\"choices\":[{}]}\n\n", USAGE, "data: [DONE]\n\n"];
+        let out = run(Observed::sse(source(&input), false, s)).await;
+        assert_eq!(out, input.concat());
+        assert_eq!(*seen.lock().unwrap(), Some(42));
+    }
+
+    #[tokio::test]
+    async fn reads_usage_of_json_bodies() {
+        let (s, seen) = sink();
+        let out = run(Observed::json(
+            source(&["{\"choices\":[],", "\"usage\":{\"prompt_tokens\":7}}"]),
+            s,
+        ))
+        .await;
+        assert_eq!(out, "{\"choices\":[],\"usage\":{\"prompt_tokens\":7}}");
+        assert_eq!(*seen.lock().unwrap(), Some(7));
+    }
+}

@@ -1,0 +1,144 @@
+//! Prometheus metrics. Labels stay low-cardinality: routes, status codes, triggers and results,
+//! never a conversation, a tenant or a model name chosen by clients.
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    pub route: Route,
+    pub status: u16,
+}
+
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+pub enum Route {
+    ChatCompletions,
+    Passthrough,
+    Compactor,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TriggerLabel {
+    pub trigger: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    pub result: &'static str,
+}
+
+/// Every metric the proxy exports.
+pub struct Metrics {
+    registry: Registry,
+    pub requests: Family<RequestLabels, Counter>,
+    pub upstream_seconds: Histogram,
+    pub overhead_seconds: Histogram,
+    pub compactions: Family<TriggerLabel, Counter>,
+    pub compaction_failures: Counter,
+    pub summary_seconds: Histogram,
+    pub tokens_saved: Counter,
+    pub checkpoint_lookups: Family<ResultLabel, Counter>,
+    pub ready_checkpoints_used: Counter,
+    pub overflow_retries: Counter,
+    pub store_errors: Counter,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("compactor");
+        let requests = Family::<RequestLabels, Counter>::default();
+        registry.register(
+            "requests",
+            "Requests answered, by route and status",
+            requests.clone(),
+        );
+        let upstream_seconds = Histogram::new(exponential_buckets(0.005, 2.0, 14));
+        registry.register(
+            "upstream_seconds",
+            "Time from sending a request upstream to its response head",
+            upstream_seconds.clone(),
+        );
+        let overhead_seconds = Histogram::new(exponential_buckets(0.00005, 2.0, 16));
+        registry.register(
+            "overhead_seconds",
+            "Time spent inside the proxy per request, upstream and summaries excluded",
+            overhead_seconds.clone(),
+        );
+        let compactions = Family::<TriggerLabel, Counter>::default();
+        registry.register(
+            "compactions",
+            "Summaries written, by trigger",
+            compactions.clone(),
+        );
+        let compaction_failures = Counter::default();
+        registry.register(
+            "compaction_failures",
+            "Compactions that failed; the request was served anyway",
+            compaction_failures.clone(),
+        );
+        let summary_seconds = Histogram::new(exponential_buckets(0.05, 2.0, 14));
+        registry.register(
+            "summary_seconds",
+            "Time to write one summary",
+            summary_seconds.clone(),
+        );
+        let tokens_saved = Counter::default();
+        registry.register(
+            "tokens_saved",
+            "Prompt tokens removed by new checkpoints",
+            tokens_saved.clone(),
+        );
+        let checkpoint_lookups = Family::<ResultLabel, Counter>::default();
+        registry.register(
+            "checkpoint_lookups",
+            "Checkpoint lookups, by hit or miss",
+            checkpoint_lookups.clone(),
+        );
+        let ready_checkpoints_used = Counter::default();
+        registry.register(
+            "ready_checkpoints_used",
+            "Requests over the limit served by a checkpoint prepared ahead of time",
+            ready_checkpoints_used.clone(),
+        );
+        let overflow_retries = Counter::default();
+        registry.register(
+            "overflow_retries",
+            "Requests retried after a context-overflow error",
+            overflow_retries.clone(),
+        );
+        let store_errors = Counter::default();
+        registry.register(
+            "store_errors",
+            "Checkpoint store operations that failed",
+            store_errors.clone(),
+        );
+        Metrics {
+            registry,
+            requests,
+            upstream_seconds,
+            overhead_seconds,
+            compactions,
+            compaction_failures,
+            summary_seconds,
+            tokens_saved,
+            checkpoint_lookups,
+            ready_checkpoints_used,
+            overflow_retries,
+            store_errors,
+        }
+    }
+}
+
+impl Metrics {
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
+            tracing::warn!(error = %e, "Encoding metrics failed.");
+        }
+        out
+    }
+}

@@ -1,0 +1,207 @@
+//! Where checkpoints and learned model facts live.
+//!
+//! [`CheckpointStore`] is the one interface; [`memory`] keeps everything in-process (tests),
+//! [`sqlite`] is the embedded default that survives restarts, and [`redis`] is shared by the
+//! replicas of a team gateway. Checkpoints are looked up by conversation anchor, which is already
+//! seeded with the tenant, so a store never needs to filter by tenant to stay isolated.
+
+pub mod memory;
+pub mod redis;
+pub mod sqlite;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// How many checkpoints are kept per conversation; older ones can no longer be the newest match
+/// of a growing conversation.
+pub const CHECKPOINTS_PER_CONVERSATION: usize = 8;
+
+/// A stored summary of a conversation prefix.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    /// Public identifier (hex), unique per checkpoint.
+    pub id: String,
+    /// Hash of the tenant's credential (hex); never the credential itself.
+    pub tenant: String,
+    /// The conversation's anchor (hex).
+    pub anchor: String,
+    /// Messages `[0..covered)` are represented by this checkpoint: instruction messages stay,
+    /// `pinned_user` stays, everything else is replaced by the summary.
+    pub covered: usize,
+    /// Chain hash `h[covered-1]` (hex): the checkpoint applies to requests that share it.
+    pub prefix_hash: String,
+    /// A user message inside the covered span kept verbatim after the summary (the current turn's
+    /// request, when that turn itself had to be split).
+    pub pinned_user: Option<usize>,
+    /// Kept messages whose content is cut in the middle to fit.
+    pub truncations: Vec<Truncation>,
+    pub summary: String,
+    pub files_read: Vec<String>,
+    pub files_modified: Vec<String>,
+    /// Prompt tokens of the request that was compacted, before and after.
+    pub tokens_before: u64,
+    pub tokens_after: u64,
+    /// Milliseconds since the Unix epoch.
+    pub created_ms: u64,
+    pub model: String,
+    /// Whether this checkpoint was prepared ahead of time (in the background).
+    #[serde(default)]
+    pub ahead_of_time: bool,
+}
+
+/// A kept message shortened to at most `keep_tokens` of content.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Truncation {
+    pub index: usize,
+    pub keep_tokens: u64,
+}
+
+/// What was learned about a model from its provider.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct ModelFacts {
+    /// The real window, from an overflow error.
+    pub window: Option<u64>,
+    /// Correction factor for token counts, from `usage`.
+    pub calibration: Option<f64>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    #[error("store data is corrupt: {0}")]
+    Corrupt(String),
+}
+
+#[async_trait::async_trait]
+pub trait CheckpointStore: Send + Sync + 'static {
+    /// Saves a checkpoint, keeping only the newest few of its conversation.
+    async fn put(&self, checkpoint: &Checkpoint) -> Result<(), StoreError>;
+    /// Checkpoints of a conversation, newest first.
+    async fn for_anchor(&self, anchor: &str) -> Result<Arc<Vec<Checkpoint>>, StoreError>;
+    /// One checkpoint by id.
+    async fn get(&self, id: &str) -> Result<Option<Checkpoint>, StoreError>;
+    async fn model_facts(&self, model: &str) -> Result<ModelFacts, StoreError>;
+    async fn put_model_facts(&self, model: &str, facts: ModelFacts) -> Result<(), StoreError>;
+    /// Takes the lease `key` for `holder` unless someone else holds it; it lapses after `ttl`.
+    async fn try_lease(&self, key: &str, holder: &str, ttl: Duration) -> Result<bool, StoreError>;
+    /// Gives the lease back, if `holder` still has it.
+    async fn release_lease(&self, key: &str, holder: &str) -> Result<(), StoreError>;
+    /// Who holds the lease `key` now, if anyone.
+    async fn lease_holder(&self, key: &str) -> Result<Option<String>, StoreError>;
+    /// Whether the store is currently working as intended (false: degraded).
+    fn healthy(&self) -> bool {
+        true
+    }
+    /// Short name for logs and `/readyz`.
+    fn kind(&self) -> &'static str;
+}
+
+/// Opens the store a config string names: `memory`, `redis://…`/`rediss://…`, or a file path
+/// (optionally prefixed `sqlite:`).
+pub async fn open(spec: &str, ttl: Duration) -> Result<Arc<dyn CheckpointStore>, StoreError> {
+    if spec == "memory" {
+        return Ok(Arc::new(memory::MemoryStore::default()));
+    }
+    if spec.starts_with("redis://") || spec.starts_with("rediss://") {
+        return Ok(Arc::new(redis::RedisStore::open(spec, ttl).await?));
+    }
+    let path = spec.strip_prefix("sqlite:").unwrap_or(spec);
+    Ok(Arc::new(sqlite::SqliteStore::open(
+        std::path::Path::new(path),
+        ttl,
+    )?))
+}
+
+/// Inserts `checkpoint` into a newest-first list, replacing one with the same id and trimming.
+pub(crate) fn insert_newest_first(list: &mut Vec<Checkpoint>, checkpoint: &Checkpoint) {
+    list.retain(|c| c.id != checkpoint.id);
+    list.insert(0, checkpoint.clone());
+    list.sort_by(|a, b| {
+        b.covered
+            .cmp(&a.covered)
+            .then(b.created_ms.cmp(&a.created_ms))
+    });
+    list.truncate(CHECKPOINTS_PER_CONVERSATION);
+}
+
+#[cfg(test)]
+pub(crate) mod contract {
+    //! Behaviour every store must have, run against each implementation.
+    use super::*;
+
+    pub fn sample(anchor: &str, covered: usize, created_ms: u64) -> Checkpoint {
+        Checkpoint {
+            id: format!("{anchor}-{covered}-{created_ms}"),
+            tenant: "t".into(),
+            anchor: anchor.into(),
+            covered,
+            prefix_hash: format!("h{covered}"),
+            pinned_user: None,
+            truncations: vec![Truncation {
+                index: covered + 1,
+                keep_tokens: 10,
+            }],
+            summary: "## Goal\nship it".into(),
+            files_read: vec!["src/a.rs".into()],
+            files_modified: vec![],
+            tokens_before: 1000,
+            tokens_after: 200,
+            created_ms,
+            model: "m".into(),
+            ahead_of_time: false,
+        }
+    }
+
+    pub async fn check(store: &dyn CheckpointStore) {
+        assert!(store.for_anchor("a").await.unwrap().is_empty());
+        store.put(&sample("a", 4, 1)).await.unwrap();
+        store.put(&sample("a", 9, 2)).await.unwrap();
+        store.put(&sample("b", 3, 3)).await.unwrap();
+        let list = store.for_anchor("a").await.unwrap();
+        assert_eq!(
+            list.iter().map(|c| c.covered).collect::<Vec<_>>(),
+            vec![9, 4]
+        );
+        assert_eq!(store.get("a-4-1").await.unwrap(), Some(sample("a", 4, 1)));
+        assert_eq!(store.get("nope").await.unwrap(), None);
+        for i in 0..20 {
+            store.put(&sample("c", i, 100 + i as u64)).await.unwrap();
+        }
+        assert_eq!(
+            store.for_anchor("c").await.unwrap().len(),
+            CHECKPOINTS_PER_CONVERSATION
+        );
+
+        assert_eq!(store.model_facts("m").await.unwrap(), ModelFacts::default());
+        let facts = ModelFacts {
+            window: Some(4096),
+            calibration: Some(1.1),
+        };
+        store.put_model_facts("m", facts).await.unwrap();
+        assert_eq!(store.model_facts("m").await.unwrap(), facts);
+
+        let ttl = Duration::from_millis(300);
+        assert!(store.try_lease("k", "one", ttl).await.unwrap());
+        assert!(!store.try_lease("k", "two", ttl).await.unwrap());
+        store.release_lease("k", "two").await.unwrap();
+        assert!(
+            !store.try_lease("k", "two", ttl).await.unwrap(),
+            "only the holder releases"
+        );
+        assert_eq!(
+            store.lease_holder("k").await.unwrap().as_deref(),
+            Some("one")
+        );
+        store.release_lease("k", "one").await.unwrap();
+        assert_eq!(store.lease_holder("k").await.unwrap(), None);
+        assert!(store.try_lease("k", "two", ttl).await.unwrap());
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert!(
+            store.try_lease("k", "three", ttl).await.unwrap(),
+            "leases expire"
+        );
+    }
+}

@@ -1,0 +1,219 @@
+//! Talking to the provider: the only module that knows reqwest.
+//!
+//! Requests go out with the client's headers minus hop-by-hop ones (and with the configured key
+//! in place of the client's credentials, when there is one); responses come back as a status,
+//! headers and a byte stream that is never buffered.
+
+pub mod overflow;
+
+use std::pin::Pin;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::{Stream, StreamExt, TryStreamExt};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
+
+/// A response body as it arrives.
+pub type ByteStream = Pin<Box<dyn Stream<Item = Result<Bytes, std::io::Error>> + Send>>;
+
+/// Why the upstream could not be reached.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    #[error("upstream unreachable: {0}")]
+    Unreachable(String),
+    #[error("upstream timed out: {0}")]
+    Timeout(String),
+}
+
+/// A response's head and its streaming body.
+pub struct UpstreamResponse {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: ByteStream,
+}
+
+impl UpstreamResponse {
+    /// Reads the whole body, up to `limit` bytes (error bodies and summaries are small).
+    pub async fn read_body(&mut self, limit: usize) -> Result<Bytes, UpstreamError> {
+        let mut collected = Vec::new();
+        while let Some(chunk) = self.body.next().await {
+            let chunk = chunk.map_err(|e| UpstreamError::Unreachable(e.to_string()))?;
+            collected.extend_from_slice(&chunk);
+            if collected.len() > limit {
+                return Err(UpstreamError::Unreachable(format!(
+                    "response larger than {limit} bytes"
+                )));
+            }
+        }
+        Ok(Bytes::from(collected))
+    }
+}
+
+/// Headers that describe one connection, not the message; never forwarded (RFC 9110 §7.6.1).
+const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// Headers that carry the client's credentials.
+pub const CREDENTIAL_HEADERS: &[&str] = &["authorization", "api-key", "x-api-key"];
+
+/// Removes hop-by-hop headers, including any the `Connection` header names.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(http::header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in HOP_BY_HOP {
+        headers.remove(*name);
+    }
+}
+
+/// The configured way to reach one provider.
+#[derive(Clone)]
+pub struct Upstream {
+    client: reqwest::Client,
+    base: String,
+    key: Option<String>,
+    first_byte_timeout: Duration,
+}
+
+impl Upstream {
+    pub fn new(
+        base: &str,
+        key: Option<String>,
+        connect_timeout: Duration,
+        first_byte_timeout: Duration,
+    ) -> Result<Upstream, UpstreamError> {
+        let client = reqwest::Client::builder()
+            .connect_timeout(connect_timeout)
+            .pool_idle_timeout(Duration::from_secs(90))
+            .tcp_nodelay(true)
+            .build()
+            .map_err(|e| UpstreamError::Unreachable(e.to_string()))?;
+        Ok(Upstream {
+            client,
+            base: base.trim_end_matches('/').to_string(),
+            key,
+            first_byte_timeout,
+        })
+    }
+
+    /// The same client and timeouts, aimed at another base URL and key.
+    pub fn with_base(&self, base: &str, key: Option<String>) -> Upstream {
+        Upstream {
+            client: self.client.clone(),
+            base: base.trim_end_matches('/').to_string(),
+            key: key.or_else(|| self.key.clone()),
+            first_byte_timeout: self.first_byte_timeout,
+        }
+    }
+
+    /// Whether a configured key replaces the client's credentials.
+    pub fn has_key(&self) -> bool {
+        self.key.is_some()
+    }
+
+    /// Sends a request to `{base}{path_and_query}` and returns once the response head arrives.
+    pub async fn send(
+        &self,
+        method: Method,
+        path_and_query: &str,
+        client_headers: &HeaderMap,
+        body: reqwest::Body,
+    ) -> Result<UpstreamResponse, UpstreamError> {
+        let url = format!("{}{}", self.base, path_and_query);
+        let mut headers = client_headers.clone();
+        strip_hop_by_hop(&mut headers);
+        headers.remove(http::header::HOST);
+        headers.remove(http::header::CONTENT_LENGTH);
+        let own: Vec<HeaderName> = headers
+            .keys()
+            .filter(|k| k.as_str().starts_with("x-compactor-"))
+            .cloned()
+            .collect();
+        for name in own {
+            headers.remove(name);
+        }
+        if let Some(key) = &self.key {
+            for name in CREDENTIAL_HEADERS {
+                headers.remove(*name);
+            }
+            let value = HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| {
+                UpstreamError::Unreachable(
+                    "configured upstream key is not a valid header value".into(),
+                )
+            })?;
+            headers.insert(http::header::AUTHORIZATION, value);
+        }
+        let request = self
+            .client
+            .request(method, &url)
+            .headers(headers)
+            .body(body);
+        let response = match tokio::time::timeout(self.first_byte_timeout, request.send()).await {
+            Err(_) => {
+                return Err(UpstreamError::Timeout(format!(
+                    "no response within {} ms",
+                    self.first_byte_timeout.as_millis()
+                )))
+            }
+            Ok(Err(e)) if e.is_timeout() => return Err(UpstreamError::Timeout(describe(&e))),
+            Ok(Err(e)) => return Err(UpstreamError::Unreachable(describe(&e))),
+            Ok(Ok(r)) => r,
+        };
+        let status = response.status();
+        let mut headers = response.headers().clone();
+        strip_hop_by_hop(&mut headers);
+        let body = response.bytes_stream().map_err(std::io::Error::other);
+        Ok(UpstreamResponse {
+            status,
+            headers,
+            body: Box::pin(body),
+        })
+    }
+}
+
+/// An error's chain of causes without the URL (which could carry credentials in its query).
+fn describe(e: &reqwest::Error) -> String {
+    let mut text = String::from(if e.is_connect() {
+        "connection failed"
+    } else if e.is_timeout() {
+        "timed out"
+    } else {
+        "request failed"
+    });
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+/// Wraps bytes as a request body.
+pub fn body_from(bytes: impl Into<Bytes>) -> reqwest::Body {
+    reqwest::Body::from(bytes.into())
+}
+
+/// Wraps a stream as a request body, for pass-through uploads.
+pub fn body_from_stream<S>(stream: S) -> reqwest::Body
+where
+    S: Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static,
+{
+    reqwest::Body::wrap_stream(stream)
+}
