@@ -191,6 +191,7 @@ struct Conversation<'r> {
     limit: u64,
     reserve: u64,
     force_usage: bool,
+    mode: Mode,
 }
 
 impl Engine {
@@ -444,6 +445,7 @@ impl Engine {
             limit: window.saturating_sub(margin),
             reserve,
             force_usage: context.force_usage,
+            mode: context.mode,
         }
     }
 
@@ -852,6 +854,10 @@ impl Engine {
         keep = keep.min(self.config.keep_recent_tokens);
         if harder {
             keep /= 2;
+        }
+        if conversation.mode == Mode::Force {
+            // Asked to compact now (`/compact`): keep only the newest quarter of the conversation.
+            keep = keep.min(conversation.measured.total() / 4);
         }
         if ahead_of_time {
             // Written now, applied later: leave room for what the conversation adds until then.

@@ -90,8 +90,9 @@ fn choose_cut(input: &PlanInput) -> Result<Plan, PlanError> {
 
     // Whole turns: the earliest user message after `start` whose turn and everything after fits.
     if let Some(u) = last_user.filter(|&u| u > input.start) {
-        if let Some(cut) =
-            (input.start + 1..=u).find(|&c| roles[c] == Role::User && tail[c] <= input.keep_budget)
+        let moves_something = |c: usize| (input.start..c).any(|i| !roles[i].is_instruction());
+        if let Some(cut) = (input.start + 1..=u)
+            .find(|&c| roles[c] == Role::User && tail[c] <= input.keep_budget && moves_something(c))
         {
             return Ok(Plan {
                 cut,

@@ -249,11 +249,10 @@ impl Shared {
     /// Builds a fresh connection manager and swaps it in.
     async fn connect(&self) -> Result<(), Failure> {
         let config = ConnectionManagerConfig::new()
-            // Reconnects give up fast; the probe starts a new attempt on its next tick, so a
-            // returning Redis is noticed within a probe period rather than after a long backoff.
-            .set_number_of_retries(1)
-            .set_factor(50)
-            .set_max_delay(200)
+            // One attempt per (re)connect, no backoff: the manager's backoff starts at a full
+            // second and grows by `factor`, which would hold a returning Redis off for minutes.
+            // Instead the probe triggers a fresh attempt on each tick while degraded.
+            .set_number_of_retries(0)
             .set_connection_timeout(CONNECT_TIMEOUT)
             .set_response_timeout(CALL_TIMEOUT);
         let manager = tokio::time::timeout(
@@ -732,6 +731,19 @@ mod tests {
         }
     }
 
+    impl RedisServer {
+        /// Freezes (`true`) or thaws the server: connections stay open but nothing answers.
+        fn freeze(&self, frozen: bool) {
+            let pid = self.child.as_ref().expect("running").id().to_string();
+            let signal = if frozen { "-STOP" } else { "-CONT" };
+            assert!(Command::new("kill")
+                .args([signal, &pid])
+                .status()
+                .unwrap()
+                .success());
+        }
+    }
+
     impl Drop for RedisServer {
         fn drop(&mut self) {
             self.stop();
@@ -933,6 +945,44 @@ mod tests {
             "outage writes are copied over"
         );
         assert_eq!(other.model_facts("m").await.unwrap(), facts);
+    }
+
+    #[tokio::test]
+    async fn a_hanging_redis_costs_at_most_the_call_timeout() {
+        let server = RedisServer::start();
+        let store = RedisStore::open(&server.url(), Duration::ZERO)
+            .await
+            .unwrap();
+        let cp = sample("a", 4, 1);
+        store.put(&cp).await.unwrap();
+        server.freeze(true);
+        let started = Instant::now();
+        assert_eq!(*store.for_anchor("a").await.unwrap(), vec![cp.clone()]);
+        let took = started.elapsed();
+        assert!(
+            took < CALL_TIMEOUT + Duration::from_millis(150),
+            "first call took {took:?}"
+        );
+        assert!(!store.healthy());
+        for _ in 0..10 {
+            let started = Instant::now();
+            store.put(&sample("a", 5, 2)).await.unwrap();
+            store.for_anchor("a").await.unwrap();
+            assert!(
+                started.elapsed() < Duration::from_millis(50),
+                "degraded calls skip redis"
+            );
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await; // the probe rebuilds the connection meanwhile
+        server.freeze(false);
+        eventually("healthy after redis thaws", Duration::from_secs(10), || {
+            store.healthy()
+        })
+        .await;
+        let other = RedisStore::open(&server.url(), Duration::ZERO)
+            .await
+            .unwrap();
+        assert_eq!(other.for_anchor("a").await.unwrap().len(), 2);
     }
 
     /// Quick timing against the SQLite store:

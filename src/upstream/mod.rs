@@ -140,14 +140,6 @@ impl Upstream {
         strip_hop_by_hop(&mut headers);
         headers.remove(http::header::HOST);
         headers.remove(http::header::CONTENT_LENGTH);
-        let own: Vec<HeaderName> = headers
-            .keys()
-            .filter(|k| k.as_str().starts_with("x-compactor-"))
-            .cloned()
-            .collect();
-        for name in own {
-            headers.remove(name);
-        }
         if let Some(key) = &self.key {
             for name in CREDENTIAL_HEADERS {
                 headers.remove(*name);

@@ -1,0 +1,401 @@
+//! Test support: an in-process mock provider on 127.0.0.1:0 and a Compactor started in-process
+//! in front of it.
+//!
+//! The mock enforces a context window by its own token count (the text of the messages, which
+//! is never more than the proxy's count), answers overflows with a real provider's error body,
+//! writes numbered summaries for requests marked `x-compactor-purpose: summary`, and records
+//! everything it receives. Models named `mock-…` select special behaviours.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, post};
+use axum::Router;
+use bytes::Bytes;
+use compactor::config::Config;
+use serde_json::{json, Value};
+use tokio::net::TcpListener;
+
+/// One request the mock received.
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    pub method: String,
+    pub path: String,
+    pub query: Option<String>,
+    pub headers: http::HeaderMap,
+    pub body: Bytes,
+}
+
+impl Recorded {
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or(Value::Null)
+    }
+}
+
+/// How the mock words an overflow.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum OverflowStyle {
+    OpenAi,
+    LlamaCpp,
+}
+
+#[derive(Default)]
+pub struct MockState {
+    /// Enforced window (0: none).
+    pub window: AtomicU64,
+    pub overflow_style: Mutex<Option<OverflowStyle>>,
+    pub chats: Mutex<Vec<Recorded>>,
+    pub summaries: Mutex<Vec<Recorded>>,
+    pub others: Mutex<Vec<Recorded>>,
+    pub overflows: AtomicUsize,
+    pub summary_delay_ms: AtomicU64,
+    pub summary_fails: AtomicBool,
+    pub summary_hangs: AtomicBool,
+    /// Pause between SSE chunks.
+    pub chunk_pause_ms: AtomicU64,
+    /// Set when a streaming response's connection was closed before the stream finished.
+    pub stream_cancelled: AtomicBool,
+    pub chunks_sent: AtomicUsize,
+}
+
+pub struct Mock {
+    pub addr: SocketAddr,
+    pub state: Arc<MockState>,
+}
+
+impl Mock {
+    pub fn url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+
+    pub fn set_window(&self, w: u64) {
+        self.state.window.store(w, Ordering::SeqCst);
+    }
+
+    pub fn summaries(&self) -> Vec<Recorded> {
+        self.state.summaries.lock().unwrap().clone()
+    }
+
+    pub fn chats(&self) -> Vec<Recorded> {
+        self.state.chats.lock().unwrap().clone()
+    }
+}
+
+/// The mock's own token count of a chat body: the text it carries.
+pub fn mock_tokens(body: &Value) -> u64 {
+    let bpe = tiktoken_rs::o200k_base_singleton();
+    let mut text = String::new();
+    for m in body["messages"].as_array().into_iter().flatten() {
+        match &m["content"] {
+            Value::String(s) => text.push_str(s),
+            Value::Array(parts) => {
+                for p in parts {
+                    text.push_str(p["text"].as_str().unwrap_or(""));
+                }
+            }
+            _ => {}
+        }
+        for c in m["tool_calls"].as_array().into_iter().flatten() {
+            text.push_str(c["function"]["arguments"].as_str().unwrap_or(""));
+        }
+        text.push('\n');
+    }
+    bpe.encode_ordinary(&text).len() as u64
+}
+
+pub async fn start_mock() -> Mock {
+    let state = Arc::new(MockState::default());
+    let app = Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/{*rest}", any(other))
+        .with_state(state.clone());
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        axum::serve(listener, app).await.unwrap();
+    });
+    Mock { addr, state }
+}
+
+async fn record(req: Request) -> Recorded {
+    let (parts, body) = req.into_parts();
+    let body = axum::body::to_bytes(body, usize::MAX).await.unwrap();
+    Recorded {
+        method: parts.method.to_string(),
+        path: parts.uri.path().to_string(),
+        query: parts.uri.query().map(str::to_string),
+        headers: parts.headers,
+        body,
+    }
+}
+
+async fn other(State(state): State<Arc<MockState>>, req: Request) -> Response {
+    let rec = record(req).await;
+    state.others.lock().unwrap().push(rec.clone());
+    let echo = json!({
+        "object": "list",
+        "method": rec.method,
+        "path": rec.path,
+        "query": rec.query,
+        "x_custom": rec.headers.get("x-custom").and_then(|v| v.to_str().ok()),
+        "body_len": rec.body.len(),
+        "data": [{"id": "mock-model", "object": "model"}],
+    });
+    ([("x-request-id", "req-other")], axum::Json(echo)).into_response()
+}
+
+fn completion(text: &str, prompt_tokens: u64) -> Value {
+    json!({
+        "id": "chatcmpl-mock",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "mock",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 3, "total_tokens": prompt_tokens + 3},
+    })
+}
+
+/// The fixed SSE stream the mock sends (as separate chunks).
+pub fn sse_chunks(with_usage: bool, prompt_tokens: u64) -> Vec<String> {
+    let mut chunks: Vec<String> = ["Hel", "lo", " there"]
+        .iter()
+        .map(|t| {
+            format!(
+                "data: {}\n\n",
+                json!({"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":t},"finish_reason":null}]})
+            )
+        })
+        .collect();
+    chunks.push(format!(
+        "data: {}\n\n",
+        json!({"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]})
+    ));
+    if with_usage {
+        chunks.push(format!(
+            "data: {}\n\n",
+            json!({"id":"c","object":"chat.completion.chunk","choices":[],"usage":{"prompt_tokens":prompt_tokens,"completion_tokens":3,"total_tokens":prompt_tokens+3}})
+        ));
+    }
+    chunks.push("data: [DONE]\n\n".to_string());
+    chunks
+}
+
+struct CancelGuard {
+    state: Arc<MockState>,
+    finished: bool,
+}
+
+impl Drop for CancelGuard {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.state.stream_cancelled.store(true, Ordering::SeqCst);
+        }
+    }
+}
+
+async fn chat(State(state): State<Arc<MockState>>, req: Request) -> Response {
+    let rec = record(req).await;
+    let body = rec.json();
+    if rec
+        .headers
+        .get("x-compactor-purpose")
+        .is_some_and(|v| v == "summary")
+    {
+        state.summaries.lock().unwrap().push(rec.clone());
+        let n = state.summaries.lock().unwrap().len();
+        let delay = state.summary_delay_ms.load(Ordering::SeqCst);
+        if delay > 0 {
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+        }
+        if state.summary_hangs.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+        }
+        if state.summary_fails.load(Ordering::SeqCst) {
+            return (
+                http::StatusCode::INTERNAL_SERVER_ERROR,
+                axum::Json(json!({"error":{"message":"summarizer broke","type":"server_error"}})),
+            )
+                .into_response();
+        }
+        let text = format!(
+            "## Goal\nSUMMARY-{n}: keep the conversation going.\n## Constraints and preferences\nNone\n## Progress\n### Done\nsteps\n## Key decisions\nNone\n## Next steps\ncontinue\n## Critical context\nnone"
+        );
+        return axum::Json(completion(&text, mock_tokens(&body))).into_response();
+    }
+    state.chats.lock().unwrap().push(rec.clone());
+    let model = body["model"].as_str().unwrap_or("").to_string();
+    match model.as_str() {
+        "mock-429" => {
+            return (
+                http::StatusCode::TOO_MANY_REQUESTS,
+                [("retry-after", "7"), ("x-request-id", "req-429"), ("openai-processing-ms", "3")],
+                r#"{"error":{"message":"Rate limit reached","type":"requests","param":null,"code":"rate_limit_exceeded"}}"#,
+            )
+                .into_response()
+        }
+        "mock-hang" => {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+        }
+        _ => {}
+    }
+    let tokens = mock_tokens(&body);
+    let window = state.window.load(Ordering::SeqCst);
+    if window > 0 && tokens > window {
+        state.overflows.fetch_add(1, Ordering::SeqCst);
+        let style = state
+            .overflow_style
+            .lock()
+            .unwrap()
+            .unwrap_or(OverflowStyle::OpenAi);
+        let text = match style {
+            OverflowStyle::OpenAi => {
+                json!({"error":{"message": format!("This model's maximum context length is {window} tokens. However, your messages resulted in {tokens} tokens. Please reduce the length of the messages."),"type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}})
+            }
+            OverflowStyle::LlamaCpp => {
+                json!({"error":{"code":400,"message": format!("request ({tokens} tokens) exceeds the available context size ({window} tokens), try increasing it"),"type":"exceed_context_size_error","n_prompt_tokens":tokens,"n_ctx":window}})
+            }
+        };
+        return (http::StatusCode::BAD_REQUEST, axum::Json(text)).into_response();
+    }
+    if body["stream"].as_bool() == Some(true) {
+        let with_usage = body["stream_options"]["include_usage"].as_bool() == Some(true);
+        let chunks = sse_chunks(with_usage, tokens);
+        let pause = Duration::from_millis(state.chunk_pause_ms.load(Ordering::SeqCst));
+        let drop_midway = model == "mock-drop-stream";
+        let st = state.clone();
+        let stream = async_stream(chunks, pause, drop_midway, st);
+        return Response::builder()
+            .header("content-type", "text/event-stream")
+            .header("x-request-id", "req-stream")
+            .body(Body::from_stream(stream))
+            .unwrap();
+    }
+    (
+        [("x-request-id", "req-chat")],
+        axum::Json(completion("Hello there", tokens)),
+    )
+        .into_response()
+}
+
+fn async_stream(
+    chunks: Vec<String>,
+    pause: Duration,
+    drop_midway: bool,
+    state: Arc<MockState>,
+) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>> {
+    let total = chunks.len();
+    let guard = CancelGuard {
+        state: state.clone(),
+        finished: false,
+    };
+    futures::stream::unfold(
+        (chunks.into_iter().enumerate(), guard),
+        move |(mut it, mut guard)| {
+            let state = state.clone();
+            async move {
+                let (i, chunk) = it.next()?;
+                if i > 0 && !pause.is_zero() {
+                    tokio::time::sleep(pause).await;
+                }
+                if drop_midway && i == 2 {
+                    guard.finished = true;
+                    return Some((Err(std::io::Error::other("upstream dropped")), (it, guard)));
+                }
+                state.chunks_sent.fetch_add(1, Ordering::SeqCst);
+                if i + 1 == total {
+                    guard.finished = true;
+                }
+                Some((Ok(Bytes::from(chunk)), (it, guard)))
+            }
+        },
+    )
+}
+
+/// A running Compactor.
+pub struct Proxy {
+    pub addr: SocketAddr,
+    pub app: Arc<compactor::http::App>,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Proxy {
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn stop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A configuration aimed at `upstream` with an in-memory store.
+pub fn config(upstream: &str) -> Config {
+    let mut c = Config {
+        upstream: upstream.to_string(),
+        store: "memory".into(),
+        ..Config::default()
+    };
+    c.compaction.ahead_of_time = false;
+    c
+}
+
+pub async fn start_proxy(config: Config) -> Proxy {
+    let app = compactor::server::build(&config).await.unwrap();
+    start_app(app).await
+}
+
+pub async fn start_proxy_with_store(
+    config: Config,
+    store: Arc<dyn compactor::store::CheckpointStore>,
+) -> Proxy {
+    start_app(compactor::server::build_with_store(&config, store).unwrap()).await
+}
+
+async fn start_app(app: Arc<compactor::http::App>) -> Proxy {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let served = app.clone();
+    tokio::spawn(async move {
+        let _ = compactor::server::serve(
+            listener,
+            served,
+            async {
+                let _ = rx.await;
+            },
+            Duration::from_secs(2),
+        )
+        .await;
+    });
+    Proxy {
+        addr,
+        app,
+        shutdown: Some(tx),
+    }
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap()
+}
+
+/// The exact JSON body the mock answers a non-streaming chat request with.
+pub fn completion_json(text: &str, prompt_tokens: u64) -> Value {
+    completion(text, prompt_tokens)
+}

@@ -1,0 +1,539 @@
+//! Compaction end to end, against the mock provider: long agent conversations, overflow
+//! interception, persistence, tenant isolation, single flight, and failure handling.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use common::{client, config, start_mock, start_proxy, Mock, OverflowStyle, Proxy};
+use serde_json::{json, Value};
+
+const SYSTEM: &str = "You are a coding agent. Use the tools to read and edit files.";
+
+fn tools() -> Value {
+    json!([
+        {"type":"function","function":{"name":"read","description":"Read a file","parameters":{"type":"object","properties":{"path":{"type":"string"}}}}},
+        {"type":"function","function":{"name":"edit","description":"Edit a file","parameters":{"type":"object","properties":{"path":{"type":"string"},"oldText":{"type":"string"},"newText":{"type":"string"}}}}}
+    ])
+}
+
+/// Deterministic filler text of roughly `words` words.
+fn filler(seed: usize, words: usize) -> String {
+    const VOCAB: &[&str] = &[
+        "alpha",
+        "parser",
+        "token",
+        "buffer",
+        "socket",
+        "retry",
+        "handler",
+        "config",
+        "stream",
+        "window",
+        "checkpoint",
+        "summary",
+        "vector",
+        "index",
+    ];
+    (0..words)
+        .map(|i| VOCAB[(seed * 7 + i * 13) % VOCAB.len()])
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// An agent session: the messages a client keeps and resends in full.
+struct Session {
+    messages: Vec<Value>,
+    model: String,
+}
+
+impl Session {
+    fn new(model: &str) -> Session {
+        Session {
+            messages: vec![json!({"role":"system","content":SYSTEM})],
+            model: model.into(),
+        }
+    }
+
+    fn body(&self, stream: bool) -> Value {
+        json!({"model": self.model, "messages": self.messages, "tools": tools(), "max_tokens": 256, "stream": stream})
+    }
+
+    /// Turn `t`: a user request, then (after the reply) parallel tool calls with their results.
+    fn user(&mut self, t: usize) {
+        self.messages
+            .push(json!({"role":"user","content": format!("Step {t}: {}", filler(t, 30))}));
+    }
+
+    fn tool_round(&mut self, t: usize) {
+        let read = format!("src/module_{}.rs", t % 17);
+        let edited = format!("src/feature_{t}.rs");
+        self.messages.push(json!({"role":"assistant","content":null,"tool_calls":[
+            {"id": format!("r{t}"), "type":"function","function":{"name":"read","arguments": json!({"path": read}).to_string()}},
+            {"id": format!("e{t}"), "type":"function","function":{"name":"edit","arguments": json!({"path": edited, "oldText":"a","newText":"b"}).to_string()}}
+        ]}));
+        self.messages.push(json!({"role":"tool","tool_call_id": format!("r{t}"), "content": filler(t, 120 + (t % 5) * 40)}));
+        self.messages
+            .push(json!({"role":"tool","tool_call_id": format!("e{t}"), "content": "ok"}));
+    }
+
+    fn assistant(&mut self, text: &str) {
+        self.messages
+            .push(json!({"role":"assistant","content": text}));
+    }
+}
+
+struct Reply {
+    status: u16,
+    headers: reqwest::header::HeaderMap,
+    body: String,
+}
+
+impl Reply {
+    fn header(&self, name: &str) -> Option<String> {
+        self.headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    }
+}
+
+async fn send(proxy: &Proxy, body: &Value, auth: &str, extra: &[(&str, &str)]) -> Reply {
+    let mut req = client()
+        .post(format!("{}/v1/chat/completions", proxy.url()))
+        .header("authorization", auth)
+        .header("content-type", "application/json")
+        .body(body.to_string());
+    for (k, v) in extra {
+        req = req.header(*k, *v);
+    }
+    let resp = req.send().await.unwrap();
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let body = resp.text().await.unwrap();
+    Reply {
+        status,
+        headers,
+        body,
+    }
+}
+
+fn windowed(mock: &Mock, model: &str, window: u64) -> compactor::config::Config {
+    let mut c = config(&mock.url());
+    c.windows.insert(model.into(), window);
+    c.compaction.keep_recent_tokens = 20_000;
+    // A summarizer with a large window: one summary request per compaction.
+    c.summarizer.window = 200_000;
+    c
+}
+
+/// The raw `messages` array of a recorded body.
+fn raw_messages(body: &[u8]) -> String {
+    #[derive(serde::Deserialize)]
+    struct B<'a> {
+        #[serde(borrow)]
+        messages: &'a serde_json::value::RawValue,
+    }
+    serde_json::from_slice::<B>(body)
+        .unwrap()
+        .messages
+        .get()
+        .to_string()
+}
+
+#[tokio::test]
+async fn a_long_agent_session_keeps_working_through_a_small_window() {
+    const W: u64 = 6000;
+    let mock = start_mock().await;
+    mock.set_window(W);
+    let proxy = start_proxy(windowed(&mock, "agent-model", W)).await;
+    let mut session = Session::new("agent-model");
+    let mut compactions = 0;
+    for t in 0..150 {
+        session.user(t);
+        let r = send(&proxy, &session.body(t % 3 == 0), "Bearer k1", &[]).await;
+        assert_eq!(r.status, 200, "turn {t}: {}", r.body);
+        session.tool_round(t);
+        let r = send(&proxy, &session.body(false), "Bearer k1", &[]).await;
+        assert_eq!(r.status, 200, "turn {t} after tools: {}", r.body);
+        if r.header("x-compactor-summary-ms").is_some() {
+            compactions += 1;
+        }
+        session.assistant(&format!("Done with step {t}."));
+    }
+    let summaries = mock.summaries();
+    assert!(summaries.len() >= 3, "only {} summaries", summaries.len());
+    assert!(compactions >= 1);
+    assert_eq!(
+        mock.state.overflows.load(Ordering::SeqCst),
+        0,
+        "a request over the window reached the provider"
+    );
+    for chat in mock.chats() {
+        assert!(common::mock_tokens(&chat.json()) <= W);
+    }
+    // The second summary request carries the first summary (an update, not a fresh start).
+    let first = summaries[0].json();
+    let first_answer_marker = "SUMMARY-1";
+    let second = summaries[1].json();
+    assert!(second["messages"][1]["content"]
+        .as_str()
+        .unwrap()
+        .contains(first_answer_marker));
+    assert!(first["messages"][1]["content"]
+        .as_str()
+        .unwrap()
+        .contains("<transcript>"));
+    assert!(first.get("tools").is_none());
+
+    // Between compactions the rewritten prefix is byte-identical from request to request.
+    let chats = mock.chats();
+    let mut compared = 0;
+    for pair in chats.windows(2) {
+        let (a, b) = (raw_messages(&pair[0].body), raw_messages(&pair[1].body));
+        let a_summary = a.contains("<summary>");
+        let b_summary = b.contains("<summary>");
+        let same_summary = a_summary && b_summary && {
+            let pick = |s: &str| s.split("</summary>").next().unwrap().to_string();
+            pick(&a) == pick(&b)
+        };
+        if same_summary {
+            assert!(
+                b.starts_with(&a[..a.len() - 1]),
+                "prefix changed between requests without a compaction"
+            );
+            compared += 1;
+        }
+    }
+    assert!(
+        compared > 50,
+        "only {compared} request pairs shared a checkpoint"
+    );
+    // System message and tools went through byte for byte.
+    let last = chats.last().unwrap().json();
+    assert_eq!(last["messages"][0]["content"], SYSTEM);
+    assert_eq!(last["tools"], tools());
+}
+
+#[tokio::test]
+async fn overflow_from_a_smaller_real_window_is_retried_once() {
+    for style in [OverflowStyle::OpenAi, OverflowStyle::LlamaCpp] {
+        for stream in [false, true] {
+            let mock = start_mock().await;
+            *mock.state.overflow_style.lock().unwrap() = Some(style);
+            mock.set_window(3000);
+            // The proxy believes the window is much larger than the provider's.
+            let proxy = start_proxy(windowed(&mock, "agent-model", 100_000)).await;
+            let mut session = Session::new("agent-model");
+            for t in 0..12 {
+                session.user(t);
+                session.tool_round(t);
+                session.assistant("ok");
+            }
+            session.user(99);
+            let r = send(&proxy, &session.body(stream), "Bearer k", &[]).await;
+            assert_eq!(r.status, 200, "{style:?} stream={stream}: {}", r.body);
+            assert_eq!(r.header("x-compactor-compacted").as_deref(), Some("true"));
+            assert_eq!(
+                mock.state.overflows.load(Ordering::SeqCst),
+                1,
+                "exactly one refused attempt"
+            );
+            assert_eq!(mock.chats().len(), 2, "one retry");
+            if stream {
+                assert!(r.body.contains("data: [DONE]") && !r.body.contains("\"usage\""));
+            }
+            // The learned window is used from now on: the next turn needs no retry.
+            session.assistant("fine");
+            session.user(100);
+            let r = send(&proxy, &session.body(false), "Bearer k", &[]).await;
+            assert_eq!(r.status, 200);
+            assert_eq!(
+                r.header("x-compactor-context-window").as_deref(),
+                Some("3000")
+            );
+            assert_eq!(mock.state.overflows.load(Ordering::SeqCst), 1);
+        }
+    }
+}
+
+fn big_session(turns: usize) -> Session {
+    let mut session = Session::new("agent-model");
+    for t in 0..turns {
+        session.user(t);
+        session.tool_round(t);
+        session.assistant("ok");
+    }
+    session.user(turns);
+    session
+}
+
+#[tokio::test]
+async fn checkpoints_survive_a_restart() {
+    let mock = start_mock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = windowed(&mock, "agent-model", 4000);
+    cfg.store = dir
+        .path()
+        .join("state/checkpoints.sqlite3")
+        .display()
+        .to_string();
+    let mut session = big_session(10);
+    let first_id = {
+        let mut proxy = start_proxy(cfg.clone()).await;
+        let r = send(&proxy, &session.body(false), "Bearer k", &[]).await;
+        assert_eq!(r.status, 200);
+        proxy.stop();
+        r.header("x-compactor-checkpoint").expect("compacted")
+    };
+    assert_eq!(mock.summaries().len(), 1);
+    let proxy = start_proxy(cfg).await;
+    session.assistant("next");
+    session.user(50);
+    let r = send(&proxy, &session.body(false), "Bearer k", &[]).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("x-compactor-checkpoint"), Some(first_id));
+    assert_eq!(
+        mock.summaries().len(),
+        1,
+        "the stored checkpoint was reused, no new summary"
+    );
+}
+
+#[tokio::test]
+async fn tenants_never_share_checkpoints() {
+    let mock = start_mock().await;
+    let proxy = start_proxy(windowed(&mock, "agent-model", 4000)).await;
+    let session = big_session(10);
+    let a = send(&proxy, &session.body(false), "Bearer alice", &[]).await;
+    let b = send(&proxy, &session.body(false), "Bearer bob", &[]).await;
+    let (ida, idb) = (
+        a.header("x-compactor-checkpoint").unwrap(),
+        b.header("x-compactor-checkpoint").unwrap(),
+    );
+    assert_ne!(ida, idb);
+    assert_eq!(mock.summaries().len(), 2, "each tenant got its own summary");
+    let get = |id: String, auth: &'static str| {
+        let url = format!("{}/compactor/v1/checkpoints/{id}", proxy.url());
+        async move {
+            client()
+                .get(url)
+                .header("authorization", auth)
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    let own = get(ida.clone(), "Bearer alice").await;
+    assert_eq!(own.status(), 200);
+    let cp: Value = serde_json::from_str(&own.text().await.unwrap()).unwrap();
+    assert!(cp["summary"].as_str().unwrap().contains("SUMMARY-"));
+    assert!(cp["files_modified"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|f| f == "src/feature_0.rs"));
+    assert!(
+        cp["covered"].as_u64().unwrap() > 0
+            && cp["tokens_before"].as_u64() > cp["tokens_after"].as_u64()
+    );
+    assert_eq!(get(ida, "Bearer bob").await.status(), 404);
+}
+
+#[tokio::test]
+async fn concurrent_requests_of_one_conversation_share_one_summary() {
+    let mock = start_mock().await;
+    mock.state.summary_delay_ms.store(400, Ordering::SeqCst);
+    let proxy = start_proxy(windowed(&mock, "agent-model", 4000)).await;
+    let session = big_session(10);
+    let body = session.body(false);
+    let replies =
+        futures::future::join_all((0..10).map(|_| send(&proxy, &body, "Bearer k", &[]))).await;
+    for r in &replies {
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(r.header("x-compactor-compacted").as_deref(), Some("true"));
+    }
+    assert_eq!(mock.summaries().len(), 1);
+    let ids: std::collections::BTreeSet<_> = replies
+        .iter()
+        .map(|r| r.header("x-compactor-checkpoint"))
+        .collect();
+    assert_eq!(ids.len(), 1);
+}
+
+#[tokio::test]
+async fn a_failing_or_hanging_summarizer_never_loses_the_request() {
+    for hang in [false, true] {
+        let mock = start_mock().await;
+        mock.set_window(4000);
+        if hang {
+            mock.state.summary_hangs.store(true, Ordering::SeqCst);
+        } else {
+            mock.state.summary_fails.store(true, Ordering::SeqCst);
+        }
+        let mut cfg = windowed(&mock, "agent-model", 4000);
+        cfg.compaction.summary_timeout_ms = 500;
+        let proxy = start_proxy(cfg).await;
+        let session = big_session(10);
+        let started = Instant::now();
+        let r = send(&proxy, &session.body(false), "Bearer k", &[]).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert!(started.elapsed() < Duration::from_secs(10));
+        let status = r.header("x-compactor-compaction").unwrap();
+        let reason = if hang {
+            "summarizer-timeout"
+        } else {
+            "summarizer-error"
+        };
+        assert!(
+            status.starts_with(&format!("failed; reason={reason}")),
+            "{status}"
+        );
+        assert!(status.ends_with("fallback=dropped-oldest"), "{status}");
+        let sent = mock.chats().last().unwrap().json();
+        assert!(common::mock_tokens(&sent) <= 4000);
+        assert!(sent["messages"][1]["content"]
+            .as_str()
+            .unwrap()
+            .contains("omitted"));
+        // The last user message is still there, verbatim.
+        assert_eq!(
+            sent["messages"].as_array().unwrap().last(),
+            session.messages.last()
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_request_that_fits_passes_untouched_and_force_compacts() {
+    let mock = start_mock().await;
+    let proxy = start_proxy(windowed(&mock, "agent-model", 100_000)).await;
+    let session = big_session(6);
+    let body = session.body(false);
+    let r = send(&proxy, &body, "Bearer k", &[]).await;
+    assert_eq!(r.header("x-compactor-compacted").as_deref(), Some("false"));
+    assert_eq!(mock.chats()[0].json(), body, "forwarded unchanged");
+    let r = send(
+        &proxy,
+        &body,
+        "Bearer k",
+        &[
+            ("x-compactor-mode", "force"),
+            ("x-compactor-instructions", "Mention the parser."),
+        ],
+    )
+    .await;
+    assert_eq!(r.header("x-compactor-compacted").as_deref(), Some("true"));
+    let summary = mock.summaries()[0].json();
+    assert!(summary["messages"][1]["content"]
+        .as_str()
+        .unwrap()
+        .contains("Mention the parser."));
+    let r = send(&proxy, &body, "Bearer k", &[("x-compactor-mode", "off")]).await;
+    assert_eq!(r.header("x-compactor-compacted").as_deref(), Some("false"));
+}
+
+#[tokio::test]
+async fn an_impossible_request_gets_context_length_exceeded() {
+    let mock = start_mock().await;
+    let proxy = start_proxy(windowed(&mock, "agent-model", 1000)).await;
+    let body = json!({"model":"agent-model","messages":[{"role":"system","content":SYSTEM},{"role":"user","content": filler(1, 3000)}]});
+    let r = send(&proxy, &body, "Bearer k", &[]).await;
+    assert_eq!(r.status, 400);
+    let err: Value = serde_json::from_str(&r.body).unwrap();
+    assert_eq!(err["error"]["code"], "context_length_exceeded");
+    assert!(err["error"]["message"].as_str().unwrap().contains("1000"));
+    assert!(mock.chats().is_empty());
+}
+
+/// The real sessions in ../shared/data/conversations, replayed at a 32k window.
+#[tokio::test]
+async fn real_conversations_fit_a_32k_window() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/conversations");
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        eprintln!("skipped: {} is absent", dir.display());
+        return;
+    };
+    let mut files: Vec<_> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.file_name().unwrap().to_string_lossy().contains("_upto_"))
+        .collect();
+    files.sort();
+    assert!(!files.is_empty());
+    for path in files {
+        let body: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        let model = body["model"].as_str().unwrap().to_string();
+        let mock = start_mock().await;
+        mock.set_window(32_768);
+        let mut cfg = config(&mock.url());
+        cfg.windows.insert(model.clone(), 32_768);
+        let proxy = start_proxy(cfg).await;
+        let started = Instant::now();
+        let r = send(&proxy, &body, "Bearer k", &[]).await;
+        let elapsed = started.elapsed();
+        assert_eq!(r.status, 200, "{}: {}", path.display(), r.body);
+        let sent = mock.chats().last().unwrap().json();
+        assert!(common::mock_tokens(&sent) <= 32_768);
+        let id = r.header("x-compactor-checkpoint").expect("compacted");
+        let cp: Value = client()
+            .get(format!("{}/compactor/v1/checkpoints/{id}", proxy.url()))
+            .header("authorization", "Bearer k")
+            .send()
+            .await
+            .unwrap()
+            .json_value()
+            .await;
+        let covered = cp["covered"].as_u64().unwrap() as usize;
+        let pinned = cp["pinned_user"].as_u64().map(|p| p as usize);
+        let modified: Vec<&str> = cp["files_modified"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        let messages = body["messages"].as_array().unwrap();
+        for (i, m) in messages[..covered].iter().enumerate() {
+            if Some(i) == pinned {
+                continue;
+            }
+            for call in m["tool_calls"].as_array().into_iter().flatten() {
+                let name = call["function"]["name"].as_str().unwrap();
+                let args: Value =
+                    serde_json::from_str(call["function"]["arguments"].as_str().unwrap())
+                        .unwrap_or(Value::Null);
+                let touched = match name {
+                    "edit" | "write" => args["path"].as_str(),
+                    "str_replace_editor" if args["command"] != "view" => args["path"].as_str(),
+                    _ => None,
+                };
+                if let Some(p) = touched {
+                    assert!(
+                        modified.contains(&p),
+                        "{}: {p} missing from the modified files",
+                        path.display()
+                    );
+                }
+            }
+        }
+        let summary_ms: u64 = r.header("x-compactor-summary-ms").unwrap().parse().unwrap();
+        println!(
+            "{}: tokens before {} after {} | summary requests {} | proxy time {:.1} ms (summaries excluded)",
+            path.file_name().unwrap().to_string_lossy(),
+            r.header("x-compactor-tokens-before").unwrap(),
+            r.header("x-compactor-tokens-after").unwrap(),
+            mock.summaries().len(),
+            (elapsed.as_secs_f64() * 1000.0) - summary_ms as f64,
+        );
+    }
+}
+
+trait JsonValue {
+    async fn json_value(self) -> Value;
+}
+
+impl JsonValue for reqwest::Response {
+    async fn json_value(self) -> Value {
+        serde_json::from_str(&self.text().await.unwrap()).unwrap()
+    }
+}
