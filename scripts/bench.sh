@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Load benchmark: Compactor beside direct access, nginx and LiteLLM's proxy, all in front of the
+# same fast mock upstream, in one run on this machine. Prints a markdown table and writes it to
+# benches/results/YYYY-MM-DD.md (raw figures beside it as .json).
+#
+#   scripts/bench.sh                      # everything (about 5-8 minutes on 2 cores)
+#   scripts/bench.sh --systems nginx,compactor --seconds 5
+#   scripts/bench.sh --help               # all options (scripts/bench/run.py)
+#
+# What it installs when missing (as root; otherwise install them first):
+#   Debian:    nginx, wrk                          (apt-get)
+#   crates.io: oha $OHA_VERSION                    (cargo install, into $CACHE/oha)
+#   PyPI:      litellm[proxy]==$LITELLM_VERSION    (a venv in $CACHE/litellm-venv)
+# and it builds target/release/compactor (`cargo build --release`) unless BENCH_NO_BUILD=1.
+#
+# Environment: COMPACTOR_CACHE (default ~/.cache/compactor-bench), OHA_VERSION, LITELLM_VERSION,
+# BENCH_NO_BUILD=1 (use the existing binary), BENCH_COMPACTOR_LOG (COMPACTOR_LOG for the proxy, default warn).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+CACHE="${COMPACTOR_CACHE:-$HOME/.cache/compactor-bench}"
+OHA_VERSION="${OHA_VERSION:-1.16.0}"
+LITELLM_VERSION="${LITELLM_VERSION:-1.108.7}"
+mkdir -p "$CACHE"
+
+say() { echo "[bench.sh] $*" >&2; }
+
+# --- Debian packages ---------------------------------------------------------------------------
+missing=()
+command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing+=(nginx)
+command -v wrk >/dev/null 2>&1 || missing+=(wrk)
+command -v taskset >/dev/null 2>&1 || missing+=(util-linux)
+if [ ${#missing[@]} -gt 0 ]; then
+  say "installing ${missing[*]} (apt-get)"
+  if [ "$(id -u)" -ne 0 ]; then say "not root: install ${missing[*]} first"; exit 1; fi
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+export PATH="/usr/sbin:$PATH"
+
+# --- oha (fixed-rate load with latency correction) ---------------------------------------------
+OHA="$CACHE/oha/bin/oha"
+if [ ! -x "$OHA" ]; then
+  if command -v oha >/dev/null 2>&1; then
+    OHA="$(command -v oha)"
+  else
+    say "installing oha $OHA_VERSION (cargo install, a few minutes)"
+    cargo install --locked --quiet oha --version "$OHA_VERSION" --root "$CACHE/oha"
+  fi
+fi
+
+# --- LiteLLM proxy in its own venv -------------------------------------------------------------
+VENV="$CACHE/litellm-venv"
+if [ ! -x "$VENV/bin/litellm" ]; then
+  say "installing litellm[proxy]==$LITELLM_VERSION into $VENV (pip)"
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install -q --upgrade pip
+  "$VENV/bin/pip" install -q "litellm[proxy]==$LITELLM_VERSION"
+fi
+
+# --- the proxy ---------------------------------------------------------------------------------
+if [ "${BENCH_NO_BUILD:-0}" != 1 ]; then
+  say "cargo build --release"
+  (cd "$ROOT" && cargo build --release --quiet --bin compactor) || say "build failed: Compactor will be reported n/a"
+fi
+
+ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" || true
+
+# run.py needs only the standard library; the venv's interpreter also brings tiktoken (and
+# LiteLLM's bundled encoding files) for exact token counts of the large conversation.
+exec "$VENV/bin/python" "$ROOT/scripts/bench/run.py" \
+  --oha "$OHA" --litellm "$VENV/bin/litellm" "$@"
