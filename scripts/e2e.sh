@@ -1,0 +1,187 @@
+#!/usr/bin/env bash
+# End-to-end scenarios: real clients, through Compactor, to a real model (llama-server).
+#
+#   scripts/e2e.sh                    all scenarios: python node pi aider
+#   scripts/e2e.sh python pi          only these
+#
+# Steps: install the clients into the cache (once), build target/release/compactor
+# (`cargo build --release`, a no-op when up to date), start llama-server
+# (scripts/llama-server.sh) and Compactor on loopback, run the scenarios one after the other,
+# print a table of durations and compactions, and exit non-zero if any scenario failed.
+#
+# Environment (all optional):
+#   COMPACTOR_CACHE     cache for downloads, the model, venvs and npm packages
+#                       (default $HOME/.cache/compactor-e2e)
+#   COMPACTOR_BIN       use this binary and skip `cargo build` (default target/release/compactor)
+#   E2E_LLAMA_PORT      llama-server's port (default 18089)
+#   E2E_PORT            Compactor's port (default 18788)
+#   E2E_WINDOW          the model's window, llama-server's -c (default 4096)
+#   E2E_LOG_DIR         logs of every process and scenario (default target/e2e)
+#   E2E_SCENARIO_TIMEOUT  seconds one scenario may take (default 600)
+#   E2E_UPSTREAM        use an already running OpenAI-compatible server (…/v1) instead of
+#                       starting llama-server
+#   PYTHON              python3 used to create the venvs (3.10–3.12 for aider)
+set -euo pipefail
+
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root"
+CACHE="${COMPACTOR_CACHE:-$HOME/.cache/compactor-e2e}"
+export COMPACTOR_CACHE="$CACHE"
+PYTHON="${PYTHON:-python3}"
+LLAMA_PORT="${E2E_LLAMA_PORT:-18089}"
+PORT="${E2E_PORT:-18788}"
+WINDOW="${E2E_WINDOW:-4096}"
+LOGS="${E2E_LOG_DIR:-$root/target/e2e}"
+TIMEOUT="${E2E_SCENARIO_TIMEOUT:-600}"
+MODEL="qwen2.5-coder-0.5b-instruct"
+ADMIN_TOKEN="e2e-admin"
+
+# Pinned client versions. A change here reinstalls.
+PY_PACKAGES=(openai==3.57.0)
+AIDER_PACKAGES=(aider-chat==0.86.2)
+NPM_PACKAGES=(openai@7.59.0 @mariozechner/pi-coding-agent@0.73.1)
+
+scenarios=("$@")
+[[ ${#scenarios[@]} -gt 0 ]] || scenarios=(python node pi aider)
+for s in "${scenarios[@]}"; do
+  case "$s" in python|node|pi|aider) ;; *) echo "unknown scenario $s (python node pi aider)" >&2; exit 2 ;; esac
+done
+wants() { local s; for s in "${scenarios[@]}"; do [[ "$s" == "$1" ]] && return 0; done; return 1; }
+
+say() { echo "e2e: $*" >&2; }
+mkdir -p "$CACHE" "$LOGS"
+rm -f "$LOGS"/*.log
+
+# ---- clients, installed once into the cache ---------------------------------------------
+venv_with() { # dir packages…: a venv holding exactly these pins (stamped)
+  local dir="$1"; shift
+  local stamp="$*"
+  if [[ -x "$dir/bin/python" && "$(cat "$dir/.e2e-stamp" 2>/dev/null)" == "$stamp" ]]; then
+    return 0
+  fi
+  say "installing $* into $dir"
+  rm -rf "$dir"
+  "$PYTHON" -m venv "$dir"
+  "$dir/bin/pip" install --disable-pip-version-check -q "$@" >"$LOGS/pip-$(basename "$dir").log" 2>&1 \
+    || { tail -30 "$LOGS/pip-$(basename "$dir").log" >&2; return 1; }
+  echo "$stamp" >"$dir/.e2e-stamp"
+}
+
+npm_with() { # dir packages…
+  local dir="$1"; shift
+  local stamp="$*"
+  if [[ -d "$dir/node_modules" && "$(cat "$dir/.e2e-stamp" 2>/dev/null)" == "$stamp" ]]; then
+    return 0
+  fi
+  say "installing $* into $dir"
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  echo '{"name":"compactor-e2e-clients","private":true}' >"$dir/package.json"
+  npm install --prefix "$dir" --no-audit --no-fund --loglevel=error "$@" >"$LOGS/npm.log" 2>&1 \
+    || { tail -30 "$LOGS/npm.log" >&2; return 1; }
+  echo "$stamp" >"$dir/.e2e-stamp"
+}
+
+t_setup=$SECONDS
+if wants python || wants pi || wants aider || wants node; then
+  venv_with "$CACHE/venv" "${PY_PACKAGES[@]}"
+fi
+wants aider && venv_with "$CACHE/venv-aider" "${AIDER_PACKAGES[@]}"
+if wants node || wants pi; then npm_with "$CACHE/node" "${NPM_PACKAGES[@]}"; fi
+say "clients ready ($((SECONDS - t_setup))s)"
+
+# ---- the proxy -----------------------------------------------------------------------------
+if [[ -n "${COMPACTOR_BIN:-}" ]]; then
+  BIN="$COMPACTOR_BIN"
+else
+  BIN="$root/target/release/compactor"
+  say "cargo build --release"
+  cargo build --release --quiet --bin compactor
+fi
+[[ -x "$BIN" ]] || { say "no compactor binary at $BIN"; exit 1; }
+
+# ---- processes, stopped on exit ----------------------------------------------------------
+pids=()
+cleanup() {
+  local rc=$?
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  [[ -z "${E2E_UPSTREAM:-}" ]] && "$root/scripts/llama-server.sh" stop "$LLAMA_PORT" 2>/dev/null || true
+  exit $rc
+}
+trap cleanup EXIT INT TERM
+
+if [[ -n "${E2E_UPSTREAM:-}" ]]; then
+  UPSTREAM="$E2E_UPSTREAM"
+else
+  t0=$SECONDS
+  out="$(LLAMA_CTX="$WINDOW" LLAMA_ALIAS="$MODEL" LLAMA_LOG="$LOGS/llama-server.log" \
+    "$root/scripts/llama-server.sh" start "$LLAMA_PORT")"
+  eval "$out"
+  UPSTREAM="$LLAMA_URL"
+  say "llama-server ready at $UPSTREAM ($((SECONDS - t0))s)"
+fi
+
+config="$LOGS/compactor.toml"
+sed -E "s/^(\"qwen2.5-coder-0.5b\" = )[0-9]+/\1$WINDOW/" "$root/tests/e2e/compactor.e2e.toml" >"$config"
+COMPACTOR_LOG_FILE="$LOGS/compactor.log"
+# Only the e2e configuration counts: drop COMPACTOR_* overrides from the caller's environment.
+env $(env | grep -o '^COMPACTOR_[A-Z_]*' | grep -v '^COMPACTOR_CACHE$' | sed 's/^/-u /') \
+  "$BIN" serve --listen "127.0.0.1:$PORT" --upstream "$UPSTREAM" --config "$config" \
+  >"$COMPACTOR_LOG_FILE" 2>&1 &
+pids+=($!)
+for _ in $(seq 100); do
+  if "$PYTHON" -c "import urllib.request,sys; urllib.request.urlopen('http://127.0.0.1:$PORT/healthz', timeout=1)" 2>/dev/null; then
+    break
+  fi
+  kill -0 "${pids[-1]}" 2>/dev/null || { tail -20 "$COMPACTOR_LOG_FILE" >&2; say "compactor exited"; exit 1; }
+  sleep 0.2
+done
+say "compactor ready at http://127.0.0.1:$PORT/v1 (log: $COMPACTOR_LOG_FILE)"
+
+# ---- scenarios -----------------------------------------------------------------------------
+export COMPACTOR_URL="http://127.0.0.1:$PORT/v1"
+export E2E_COMPACTOR_LOG="$COMPACTOR_LOG_FILE"
+export E2E_MODEL="$MODEL" E2E_WINDOW="$WINDOW" E2E_ADMIN_TOKEN="$ADMIN_TOKEN"
+export E2E_PYTHON="$CACHE/venv/bin/python"
+export NODE_PATH="$CACHE/node/node_modules"
+export PI_BIN="$CACHE/node/node_modules/.bin/pi"
+export AIDER_BIN="$CACHE/venv-aider/bin/aider"
+
+declare -A status seconds results
+failed=0
+for s in "${scenarios[@]}"; do
+  case "$s" in
+    python) cmd=("$CACHE/venv/bin/python" "$root/tests/e2e/scenario_openai_python.py") ;;
+    node) cmd=(node "$root/tests/e2e/scenario_openai_node.cjs") ;;
+    pi) cmd=(bash "$root/tests/e2e/scenario_pi.sh") ;;
+    aider) cmd=(bash "$root/tests/e2e/scenario_aider.sh") ;;
+  esac
+  say "scenario $s: ${cmd[*]}"
+  t0=$SECONDS
+  set +e
+  timeout --kill-after=10 "$TIMEOUT" "${cmd[@]}" 2>&1 | tee "$LOGS/scenario-$s.log"
+  rc=$?
+  set -e
+  seconds[$s]=$((SECONDS - t0))
+  results[$s]="$(grep -o 'E2E_RESULT .*' "$LOGS/scenario-$s.log" | tail -1 | cut -d' ' -f2- || true)"
+  if [[ $rc -eq 0 && -n "${results[$s]}" ]]; then
+    status[$s]=passed
+  else
+    status[$s]="FAILED (exit $rc)"
+    [[ $rc -eq 124 ]] && status[$s]="FAILED (timeout ${TIMEOUT}s)"
+    failed=$((failed + 1))
+    say "scenario $s failed; last lines of the Compactor log:"
+    tail -15 "$COMPACTOR_LOG_FILE" >&2 || true
+  fi
+done
+
+# ---- report --------------------------------------------------------------------------------
+echo
+echo "e2e results (window $WINDOW tokens, model $MODEL, logs in $LOGS):"
+printf '  %-7s %-22s %8s  %s\n' scenario status seconds "details"
+for s in "${scenarios[@]}"; do
+  printf '  %-7s %-22s %8s  %s\n' "$s" "${status[$s]}" "${seconds[$s]}" "${results[$s]}"
+done
+passed=$((${#scenarios[@]} - failed))
+echo "e2e: $passed passed, $failed failed"
+[[ $failed -eq 0 ]]

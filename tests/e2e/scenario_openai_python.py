@@ -1,0 +1,149 @@
+"""Scenario: the official OpenAI Python SDK talks to a real model through Compactor.
+
+The conversation alternates non-streaming and streaming turns and goes on until the full
+history the client holds is at least E2E_HISTORY_FACTOR times the model's window and at least
+E2E_MIN_COMPACTIONS distinct checkpoints (summaries) were made. Every turn must succeed. At the
+end the newest summary is fetched from `GET /compactor/v1/checkpoints/{id}` and printed.
+
+Environment:
+  COMPACTOR_URL        base URL of the proxy, with /v1 (required)
+  E2E_MODEL            model name (default qwen2.5-coder-0.5b-instruct)
+  E2E_API_KEY          key sent as Authorization (default sk-e2e-python; llama-server ignores it)
+  E2E_MAX_TOKENS       max_tokens of each reply (default 40)
+  E2E_MIN_COMPACTIONS  default 3
+  E2E_HISTORY_FACTOR   default 3
+  E2E_MAX_TURNS        give up after this many turns (default 60)
+"""
+
+import json
+import os
+import sys
+import time
+import urllib.request
+
+import openai
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import conversation  # noqa: E402
+
+BASE_URL = os.environ["COMPACTOR_URL"].rstrip("/")
+MODEL = os.environ.get("E2E_MODEL", "qwen2.5-coder-0.5b-instruct")
+API_KEY = os.environ.get("E2E_API_KEY", "sk-e2e-python")
+MAX_TOKENS = int(os.environ.get("E2E_MAX_TOKENS", "40"))
+MIN_COMPACTIONS = int(os.environ.get("E2E_MIN_COMPACTIONS", "3"))
+HISTORY_FACTOR = float(os.environ.get("E2E_HISTORY_FACTOR", "3"))
+MAX_TURNS = int(os.environ.get("E2E_MAX_TURNS", "60"))
+
+
+def log(msg: str) -> None:
+    print(f"[python] {msg}", flush=True)
+
+
+def header(headers, name: str, default=None):
+    value = headers.get(name)
+    return default if value is None else value
+
+
+def fetch_checkpoint(checkpoint_id: str) -> dict:
+    root = BASE_URL[: -len("/v1")] if BASE_URL.endswith("/v1") else BASE_URL
+    req = urllib.request.Request(
+        f"{root}/compactor/v1/checkpoints/{checkpoint_id}",
+        headers={"Authorization": f"Bearer {API_KEY}"},
+    )
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return json.load(resp)
+
+
+def main() -> int:
+    started = time.monotonic()
+    client = openai.OpenAI(base_url=BASE_URL, api_key=API_KEY, timeout=600, max_retries=0)
+    messages = [{"role": "system", "content": conversation.SYSTEM}]
+    checkpoints: list[str] = []
+    window = None
+    max_before = 0
+    turn = 0
+    for turn in range(MAX_TURNS):
+        messages.append({"role": "user", "content": conversation.user_turn(turn)})
+        stream = turn % 2 == 1
+        t0 = time.monotonic()
+        try:
+            raw = client.chat.completions.with_raw_response.create(
+                model=MODEL,
+                messages=messages,
+                max_tokens=MAX_TOKENS,
+                temperature=0,
+                stream=stream,
+            )
+        except openai.APIStatusError as e:
+            log(f"turn {turn + 1}: HTTP {e.status_code}: {e.response.text[:500]}")
+            return 1
+        headers = raw.headers
+        if stream:
+            text_parts = []
+            finish = None
+            for chunk in raw.parse():
+                if chunk.choices:
+                    text_parts.append(chunk.choices[0].delta.content or "")
+                    finish = chunk.choices[0].finish_reason or finish
+            text = "".join(text_parts)
+        else:
+            completion = raw.parse()
+            text = completion.choices[0].message.content or ""
+            finish = completion.choices[0].finish_reason
+        if finish is None:
+            log(f"turn {turn + 1}: the reply has no finish_reason")
+            return 1
+        messages.append({"role": "assistant", "content": text})
+
+        compacted = header(headers, "x-compactor-compacted")
+        if compacted is None:
+            log(f"turn {turn + 1}: no x-compactor-* headers: is COMPACTOR_URL the proxy?")
+            return 1
+        before = int(header(headers, "x-compactor-tokens-before", "0"))
+        after = int(header(headers, "x-compactor-tokens-after", "0"))
+        window = int(header(headers, "x-compactor-context-window", "0")) or window
+        checkpoint = header(headers, "x-compactor-checkpoint")
+        status = header(headers, "x-compactor-compaction", "")
+        max_before = max(max_before, before)
+        new = checkpoint is not None and checkpoint not in checkpoints
+        if new:
+            checkpoints.append(checkpoint)
+        log(
+            f"turn {turn + 1:>2} {'stream' if stream else 'plain '} "
+            f"{time.monotonic() - t0:5.1f}s compacted={compacted} before={before} "
+            f"after={after} window={window} checkpoint={checkpoint or '-'}"
+            f"{' NEW' if new else ''}{' status=' + status if status else ''} "
+            f"reply={text[:60]!r}"
+        )
+        if window and max_before >= HISTORY_FACTOR * window and len(checkpoints) >= MIN_COMPACTIONS:
+            break
+    else:
+        log(
+            f"gave up after {MAX_TURNS} turns: history {max_before} tokens "
+            f"(window {window}), {len(checkpoints)} compactions"
+        )
+        return 1
+
+    checkpoint = fetch_checkpoint(checkpoints[-1])
+    summary = checkpoint.get("summary", "")
+    if len(summary.strip()) < 40:
+        log(f"summary of checkpoint {checkpoints[-1]} is too short: {summary!r}")
+        return 1
+    log(f"summary of checkpoint {checkpoints[-1]} (covers {checkpoint.get('covered')} messages, "
+        f"{checkpoint.get('tokens_before')} -> {checkpoint.get('tokens_after')} tokens):")
+    for line in summary.splitlines():
+        print(f"    {line}", flush=True)
+    result = {
+        "scenario": "openai-python",
+        "turns": turn + 1,
+        "compactions": len(checkpoints),
+        "history_tokens": max_before,
+        "window": window,
+        "seconds": round(time.monotonic() - started, 1),
+    }
+    print("E2E_RESULT " + json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
