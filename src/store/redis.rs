@@ -10,7 +10,9 @@
 //! - `compactor:model:{model}`: learned [`ModelFacts`] as JSON, no expiry;
 //! - `compactor:lease:{key}`: the holder of a lease, with `PX` expiry.
 //!
-//! Multi-key updates run as Lua scripts, so each call is atomic and costs one round trip.
+//! Multi-key updates run as Lua scripts, so each call is atomic and costs one round trip. (The
+//! scripts reach keys they compute, so this is for a single Redis or a primary with replicas, not
+//! Redis Cluster.)
 //!
 //! Redis being down never makes a request fail or wait: every call is bounded by
 //! [`CALL_TIMEOUT`]; the first failure marks the store degraded, after which calls skip Redis and
@@ -207,9 +209,16 @@ impl RedisStore {
     /// error; an unreachable server is not: the store starts degraded and connects in the
     /// background. Checkpoints expire after `ttl` (zero: never).
     pub async fn open(url: &str, ttl: Duration) -> Result<RedisStore, StoreError> {
-        let client = Client::open(url)
-            // The error's category only: a parse error must not echo the URL (and its password).
-            .map_err(|e| StoreError::Unavailable(format!("invalid redis URL ({:?})", e.kind())))?;
+        let client = Client::open(url).map_err(|e| {
+            if url.starts_with("rediss://") {
+                StoreError::Unavailable(
+                    "rediss:// (TLS) is not supported by this build; use redis://".into(),
+                )
+            } else {
+                // The error's category only: a parse error must not echo the URL (and its password).
+                StoreError::Unavailable(format!("invalid redis URL ({:?})", e.kind()))
+            }
+        })?;
         let address = client.get_connection_info().addr.to_string();
         let shared = Arc::new(Shared {
             client,
@@ -779,6 +788,19 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn bad_urls_are_refused_without_echoing_them() {
+        let Err(e) = RedisStore::open("redis://:secret@[nope", Duration::ZERO).await else {
+            panic!("accepted")
+        };
+        assert!(!e.to_string().contains("secret"), "{e}");
+        assert!(
+            RedisStore::open("rediss://:secret@localhost/", Duration::ZERO)
+                .await
+                .is_err()
+        );
+    }
+
+    #[tokio::test]
     async fn replicas_share_checkpoints_facts_and_leases() {
         let server = RedisServer::start();
         let one = RedisStore::open(&server.url(), Duration::from_secs(3600))
@@ -985,12 +1007,19 @@ mod tests {
         assert_eq!(other.for_anchor("a").await.unwrap().len(), 2);
     }
 
-    /// Quick timing against the SQLite store:
+    /// Quick timing against the SQLite store (µs per call, averaged over 1000 calls):
     /// `cargo test --release --lib store::redis::tests::latency -- --ignored --nocapture`.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     #[ignore = "timing report, not a test"]
     async fn latency_against_sqlite() {
-        const N: u64 = 1000;
+        const N: usize = 1000;
+        async fn per_call<F: Future>(mut f: impl FnMut(usize) -> F) -> f64 {
+            let started = Instant::now();
+            for i in 0..N {
+                f(i).await;
+            }
+            started.elapsed().as_secs_f64() * 1e6 / N as f64
+        }
         let server = RedisServer::start();
         let redis = RedisStore::open(&server.url(), Duration::from_secs(3600))
             .await
@@ -1004,24 +1033,65 @@ mod tests {
         let stores: [(&str, &dyn CheckpointStore); 2] = [("redis", &redis), ("sqlite", &sqlite)];
         for (name, store) in stores {
             let base = now_ms();
-            let started = Instant::now();
-            for i in 0..N {
+            // 100 conversations with 8 checkpoints each (after trimming), 100 with one.
+            let put = per_call(|i| async move {
                 store
-                    .put(&sample(&format!("anchor{}", i % 100), i as usize, base + i))
+                    .put(&sample(&format!("full{}", i % 100), i, base + i as u64))
+                    .await
+                    .unwrap()
+            })
+            .await;
+            for i in 0..100 {
+                store
+                    .put(&sample(&format!("one{i}"), 3, base))
                     .await
                     .unwrap();
             }
-            let put = started.elapsed().as_micros() as f64 / N as f64;
-            let started = Instant::now();
-            for i in 0..N {
-                let list = store
-                    .for_anchor(&format!("anchor{}", i % 100))
+            let hit8 = per_call(|i| async move {
+                assert_eq!(
+                    store
+                        .for_anchor(&format!("full{}", i % 100))
+                        .await
+                        .unwrap()
+                        .len(),
+                    8
+                )
+            })
+            .await;
+            let hit1 = per_call(|i| async move {
+                assert_eq!(
+                    store
+                        .for_anchor(&format!("one{}", i % 100))
+                        .await
+                        .unwrap()
+                        .len(),
+                    1
+                )
+            })
+            .await;
+            let miss = per_call(|i| async move {
+                assert!(store
+                    .for_anchor(&format!("none{i}"))
                     .await
-                    .unwrap();
-                assert!(!list.is_empty());
-            }
-            let read = started.elapsed().as_micros() as f64 / N as f64;
-            println!("{name}: put {put:.1} µs/call, for_anchor {read:.1} µs/call");
+                    .unwrap()
+                    .is_empty())
+            })
+            .await;
+            store
+                .put_model_facts(
+                    "m",
+                    ModelFacts {
+                        window: Some(1),
+                        calibration: None,
+                    },
+                )
+                .await
+                .unwrap();
+            let facts = per_call(|_| async { store.model_facts("m").await.unwrap() }).await;
+            println!(
+                "{name:>6}: put {put:6.1}  for_anchor 8 checkpoints {hit8:6.1}, 1 checkpoint {hit1:6.1}, \
+                 none {miss:6.1}  model_facts {facts:6.1}  (µs per call)"
+            );
         }
     }
 }
