@@ -81,10 +81,7 @@ impl Observed {
     /// other than usage-only ones) and keeps an incomplete tail for the next chunk.
     fn scan_events(&mut self, strip: bool) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.buffer.len());
-        loop {
-            let Some(end) = find_event_end(&self.buffer) else {
-                break;
-            };
+        while let Some(end) = find_event_end(&self.buffer) {
             let event = self.buffer.split_to(end);
             let usage = usage_of_event(&event);
             if let Some((tokens, usage_only)) = usage {

@@ -1,0 +1,188 @@
+//! CPU cost of the request path's stages, on the real sessions in ../shared/data/conversations
+//! (absent: a generated conversation of similar shape). Each reports throughput in bytes.
+
+use std::hint::black_box;
+use std::path::Path;
+
+use bytes::Bytes;
+use compactor::compaction::plan::{plan, PlanInput};
+use compactor::compaction::rewrite::rewrite;
+use compactor::http::stream::Observed;
+use compactor::identity;
+use compactor::measure::Meter;
+use compactor::request::{ChatRequest, Role};
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use futures::StreamExt;
+use serde_json::json;
+
+fn conversations() -> Vec<(String, Vec<u8>)> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/conversations");
+    let mut found: Vec<(String, Vec<u8>)> = std::fs::read_dir(&dir)
+        .map(|entries| {
+            entries
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| {
+                    p.file_name()
+                        .is_some_and(|n| n.to_string_lossy().contains("_upto_"))
+                })
+                .filter_map(|p| {
+                    Some((
+                        p.file_stem()?.to_string_lossy().into_owned(),
+                        std::fs::read(&p).ok()?,
+                    ))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    found.sort_by_key(|(_, b)| b.len());
+    if found.is_empty() {
+        found.push(("generated".into(), generated(800)));
+    }
+    found
+}
+
+/// A synthetic agent session of `turns` turns, for machines without the real ones.
+fn generated(turns: usize) -> Vec<u8> {
+    let mut messages = vec![json!({"role":"system","content":"You are a coding agent."})];
+    for t in 0..turns {
+        messages.push(json!({"role":"user","content": format!("step {t}: fix the parser edge case number {t}")}));
+        messages.push(json!({"role":"assistant","content":null,"tool_calls":[{"id":format!("c{t}"),"type":"function","function":{"name":"read","arguments":format!("{{\"path\":\"src/m{t}.rs\"}}")}}]}));
+        messages.push(json!({"role":"tool","tool_call_id":format!("c{t}"),"content":"fn parse(input: &str) -> Result<Ast, Error> { todo }\n".repeat(20)}));
+    }
+    serde_json::to_vec(&json!({"model":"gpt-4o","messages":messages})).unwrap()
+}
+
+fn tokenize(c: &mut Criterion) {
+    let mut group = c.benchmark_group("tokenize");
+    group.sample_size(10);
+    for (name, body) in conversations() {
+        let request = ChatRequest::parse(&body).unwrap();
+        group.throughput(Throughput::Bytes(body.len() as u64));
+        group.bench_with_input(BenchmarkId::new("cold", &name), &request, |b, r| {
+            b.iter(|| Meter::new(100_000).measure(black_box(r)).total())
+        });
+        let warm = Meter::new(100_000);
+        warm.measure(&request);
+        group.bench_with_input(BenchmarkId::new("warm", &name), &request, |b, r| {
+            b.iter(|| warm.measure(black_box(r)).total())
+        });
+    }
+    group.finish();
+}
+
+fn parse_and_hash(c: &mut Criterion) {
+    let mut group = c.benchmark_group("parse_and_hash");
+    let (name, body) = conversations().pop().unwrap();
+    group.throughput(Throughput::Bytes(body.len() as u64));
+    group.bench_function(BenchmarkId::new("parse", &name), |b| {
+        b.iter(|| ChatRequest::parse(black_box(&body)).unwrap())
+    });
+    group.bench_function(BenchmarkId::new("blake3_raw", &name), |b| {
+        b.iter(|| blake3::hash(black_box(&body)))
+    });
+    let request = ChatRequest::parse(&body).unwrap();
+    group.bench_function(BenchmarkId::new("canonical_hashes", &name), |b| {
+        b.iter(|| {
+            request
+                .messages
+                .iter()
+                .map(|m| identity::canonical_hash(&m.raw)[0] as usize)
+                .sum::<usize>()
+        })
+    });
+    group.finish();
+}
+
+/// Identify + plan + rewrite on the largest conversation, as the hot path does with a warm cache.
+fn identify_plan_rewrite(c: &mut Criterion) {
+    let mut group = c.benchmark_group("identify_plan_rewrite");
+    let (name, body) = conversations().pop().unwrap();
+    let request = ChatRequest::parse(&body).unwrap();
+    let meter = Meter::new(100_000);
+    meter.measure(&request);
+    let tenant = identity::tenant("Bearer bench");
+    group.throughput(Throughput::Bytes(body.len() as u64));
+    group.bench_function(BenchmarkId::new("warm", &name), |b| {
+        b.iter(|| {
+            let measured = meter.measure(&request);
+            let chain = identity::chain(&tenant, measured.messages.iter().map(|m| m.canonical));
+            let roles: Vec<Role> = request.messages.iter().map(|m| m.role).collect();
+            let tokens: Vec<u64> = measured.messages.iter().map(|m| m.tokens).collect();
+            let chosen = plan(&PlanInput {
+                roles: &roles,
+                tokens: &tokens,
+                start: 0,
+                pinned: None,
+                keep_budget: 20_000,
+            })
+            .unwrap();
+            let checkpoint = compactor::store::Checkpoint {
+                id: "bench".into(),
+                tenant: identity::hex(&tenant),
+                anchor: identity::hex(&chain[1]),
+                covered: chosen.cut,
+                prefix_hash: identity::hex(&chain[chosen.cut - 1]),
+                pinned_user: chosen.pinned_user,
+                truncations: chosen.truncations,
+                summary: "## Goal\nbench".into(),
+                files_read: vec![],
+                files_modified: vec![],
+                tokens_before: 0,
+                tokens_after: 0,
+                created_ms: 0,
+                model: request.model.clone(),
+                ahead_of_time: false,
+            };
+            let out = rewrite(&request, &checkpoint, &tokens, false);
+            request.to_body(out.iter().map(|m| &**m), false).len()
+        })
+    });
+    group.finish();
+}
+
+/// Forwarding an SSE stream through the usage observer, stripping the added usage event.
+fn sse_forwarding(c: &mut Criterion) {
+    let mut group = c.benchmark_group("sse_forwarding");
+    let event = |i: usize| {
+        format!("data: {{\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"token{i} \"}}}}]}}\n\n")
+    };
+    let mut chunks: Vec<Bytes> = (0..1000).map(|i| Bytes::from(event(i))).collect();
+    chunks.push(Bytes::from(
+        "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":12}}\n\n",
+    ));
+    chunks.push(Bytes::from("data: [DONE]\n\n"));
+    let bytes: usize = chunks.iter().map(|c| c.len()).sum();
+    group.throughput(Throughput::Bytes(bytes as u64));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    for strip in [false, true] {
+        group.bench_function(
+            BenchmarkId::new("observe", if strip { "strip_usage" } else { "pass" }),
+            |b| {
+                b.to_async(&runtime).iter(|| {
+                    let source = futures::stream::iter(
+                        chunks.clone().into_iter().map(Ok::<_, std::io::Error>),
+                    );
+                    let observed = Observed::sse(Box::pin(source), strip, Box::new(|_| {}));
+                    async move {
+                        observed
+                            .map(|c| c.unwrap().len())
+                            .fold(0, |a, n| async move { a + n })
+                            .await
+                    }
+                })
+            },
+        );
+    }
+    group.finish();
+}
+
+criterion_group!(
+    benches,
+    tokenize,
+    parse_and_hash,
+    identify_plan_rewrite,
+    sse_forwarding
+);
+criterion_main!(benches);
