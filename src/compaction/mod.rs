@@ -353,6 +353,8 @@ impl Engine {
             outcome.ready_checkpoint_used = true;
             if !forced && self.fits(&conversation, &view) {
                 self.metrics.ready_checkpoints_used.inc();
+                // The conversation keeps growing from here: prepare its next summary early too.
+                self.maybe_start_background(context, &conversation, &view);
                 return Ok(self.finish(&conversation, &view, outcome));
             }
         }

@@ -1,0 +1,212 @@
+//! Ahead-of-time compaction: past the soft threshold the summary is written in the background,
+//! so the request that crosses the window does not wait for it.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use common::{client, config, start_mock, start_proxy, Mock, Proxy};
+use serde_json::{json, Value};
+
+const W: u64 = 6000;
+const SUMMARY_MS: u64 = 2000;
+
+fn turn(messages: &mut Vec<Value>, t: usize) {
+    messages.push(json!({"role":"user","content": format!("Task {t}: please look at module {t} and report. {}", "detail ".repeat(60))}));
+    messages.push(json!({"role":"assistant","content": format!("Module {t} looks fine. {}", "finding ".repeat(80))}));
+}
+
+async fn send(proxy: &Proxy, messages: &[Value]) -> (reqwest::header::HeaderMap, Duration) {
+    let mut body = json!({"model":"agent-model","max_tokens":256,"messages":messages});
+    // Every request ends with the user's newest message.
+    if messages.last().is_some_and(|m| m["role"] == "assistant") {
+        body["messages"].as_array_mut().unwrap().pop();
+    }
+    let started = Instant::now();
+    let resp = client()
+        .post(format!("{}/v1/chat/completions", proxy.url()))
+        .header("authorization", "Bearer k")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let headers = resp.headers().clone();
+    resp.bytes().await.unwrap();
+    (headers, started.elapsed())
+}
+
+async fn setup(ahead_of_time: bool) -> (Mock, Proxy) {
+    let mock = start_mock().await;
+    mock.set_window(W);
+    mock.state
+        .summary_delay_ms
+        .store(SUMMARY_MS, Ordering::SeqCst);
+    let mut cfg = config(&mock.url());
+    cfg.windows.insert("agent-model".into(), W);
+    cfg.summarizer.window = 100_000;
+    cfg.compaction.ahead_of_time = ahead_of_time;
+    (mock, start_proxy(cfg).await)
+}
+
+#[tokio::test]
+async fn the_crossing_request_uses_the_ready_summary_without_waiting() {
+    let (mock, proxy) = setup(true).await;
+    let mut messages = vec![json!({"role":"system","content":"You help with code."})];
+    let mut crossed = false;
+    let mut background_seen = false;
+    for t in 0..40 {
+        turn(&mut messages, t);
+        let (headers, elapsed) = send(&proxy, &messages).await;
+        let compacted = headers.get("x-compactor-compacted").unwrap() == "true";
+        if !compacted {
+            // Below the window: never delayed, even while a summary is being written.
+            assert!(
+                elapsed < Duration::from_millis(SUMMARY_MS / 2),
+                "turn {t} took {elapsed:?}"
+            );
+        }
+        if !background_seen && !mock.summaries().is_empty() {
+            background_seen = true;
+            assert!(!compacted, "the summary started ahead of the window");
+            // The agent works for a while; the summary finishes meanwhile.
+            tokio::time::sleep(Duration::from_millis(SUMMARY_MS + 500)).await;
+        }
+        if compacted {
+            assert!(background_seen);
+            assert_eq!(headers.get("x-compactor-ready-checkpoint").unwrap(), "true");
+            assert!(
+                elapsed < Duration::from_millis(SUMMARY_MS / 2),
+                "the crossing request waited {elapsed:?}"
+            );
+            assert!(headers.get("x-compactor-summary-ms").is_none());
+            assert_eq!(mock.summaries().len(), 1, "the summary was made once");
+            crossed = true;
+            break;
+        }
+    }
+    assert!(crossed, "the conversation never crossed the window");
+    assert_eq!(mock.state.overflows.load(Ordering::SeqCst), 0);
+    let metrics = client()
+        .get(format!("{}/metrics", proxy.url()))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("compactor_ready_checkpoints_used_total 1"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn a_crossing_request_waits_for_a_running_background_summary_instead_of_starting_another() {
+    let (mock, proxy) = setup(true).await;
+    let mut messages = vec![json!({"role":"system","content":"You help with code."})];
+    let mut t = 0;
+    while mock.summaries().is_empty() {
+        turn(&mut messages, t);
+        send(&proxy, &messages).await;
+        t += 1;
+        assert!(t < 40);
+    }
+    // Jump straight past the window while the background summary is still running.
+    for _ in 0..6 {
+        turn(&mut messages, t);
+        t += 1;
+    }
+    let (headers, _) = send(&proxy, &messages).await;
+    assert_eq!(headers.get("x-compactor-compacted").unwrap(), "true");
+    assert_eq!(mock.state.overflows.load(Ordering::SeqCst), 0);
+    // One background summary; the crossing request extended it at most once more.
+    let summaries = mock.summaries();
+    assert!(summaries.len() <= 2, "{} summaries", summaries.len());
+    if summaries.len() == 2 {
+        let update = summaries[1].json()["messages"][1]["content"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert!(
+            update.contains("SUMMARY-1"),
+            "the second summary folds into the first"
+        );
+    }
+}
+
+#[tokio::test]
+async fn an_edited_history_ignores_the_ready_checkpoint() {
+    let (mock, proxy) = setup(true).await;
+    let mut messages = vec![json!({"role":"system","content":"You help with code."})];
+    let mut t = 0;
+    while mock.summaries().is_empty() {
+        turn(&mut messages, t);
+        send(&proxy, &messages).await;
+        t += 1;
+    }
+    tokio::time::sleep(Duration::from_millis(SUMMARY_MS + 500)).await;
+    // The client rewrites an early assistant message, then continues past the window.
+    messages[2]["content"] = json!("An edited answer.");
+    let before = mock.summaries().len();
+    let mut compacted = false;
+    for _ in 0..12 {
+        turn(&mut messages, t);
+        t += 1;
+        let (headers, _) = send(&proxy, &messages).await;
+        if headers.get("x-compactor-compacted").unwrap() == "true" {
+            // Whatever checkpoint serves it was written for the edited history, not the old one.
+            let id = headers
+                .get("x-compactor-checkpoint")
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .to_string();
+            let cp: Value = serde_json::from_str(
+                &client()
+                    .get(format!("{}/compactor/v1/checkpoints/{id}", proxy.url()))
+                    .header("authorization", "Bearer k")
+                    .send()
+                    .await
+                    .unwrap()
+                    .text()
+                    .await
+                    .unwrap(),
+            )
+            .unwrap();
+            assert!(
+                !cp["summary"].as_str().unwrap().contains("SUMMARY-1:"),
+                "the old ready summary was applied"
+            );
+            compacted = true;
+            break;
+        }
+    }
+    assert!(compacted);
+    assert!(
+        mock.summaries().len() > before,
+        "the edited conversation got its own summary"
+    );
+    assert_eq!(mock.state.overflows.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn turned_off_it_summarizes_only_at_the_window() {
+    let (mock, proxy) = setup(false).await;
+    let mut messages = vec![json!({"role":"system","content":"You help with code."})];
+    for t in 0..40 {
+        turn(&mut messages, t);
+        let (headers, elapsed) = send(&proxy, &messages).await;
+        if headers.get("x-compactor-compacted").unwrap() == "true" {
+            assert!(
+                elapsed >= Duration::from_millis(SUMMARY_MS),
+                "the crossing request paid for the summary"
+            );
+            assert_eq!(mock.summaries().len(), 1);
+            return;
+        }
+        assert!(mock.summaries().is_empty(), "no summary before the window");
+    }
+    panic!("never crossed the window");
+}
