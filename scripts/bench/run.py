@@ -502,16 +502,22 @@ def log(msg):
 
 
 def cpu_seconds(procs):
+    """CPU time used so far by the processes' trees: the sum of their threads' run time from
+    /proc/PID/task/TID/schedstat (nanoseconds; /proc/PID/stat counts only whole clock ticks)."""
     total = 0
     for p in procs:
         for pid in p.tree():
             try:
-                with open(f"/proc/{pid}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-                total += int(fields[11]) + int(fields[12])
-            except (OSError, IndexError, ValueError):
-                pass
-    return total / os.sysconf("SC_CLK_TCK")
+                tids = os.listdir(f"/proc/{pid}/task")
+            except OSError:
+                continue
+            for tid in tids:
+                try:
+                    with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                        total += int(f.read().split()[0])
+                except (OSError, IndexError, ValueError):
+                    pass
+    return total / 1e9
 
 
 def wait_idle(procs, limit=0.05, timeout=60):
@@ -552,6 +558,7 @@ def load_rounds(systems, env, results):
             for rnd in range(env.rounds):
                 order = systems[rnd % len(systems):] + systems[:rnd % len(systems)]
                 for s in order:
+                    c0 = cpu_seconds(s.procs)
                     if kind == "rate":
                         log(f"{s.name}: {rate} req/s for {env.seconds}s (round {rnd + 1}/{env.rounds})")
                         r = run_oha(env.oha, s.json_url, s.body_file, rate, env.seconds,
@@ -564,6 +571,11 @@ def load_rounds(systems, env, results):
                                     env.wrk_threads, env.load_cpus)
                         results[s.name].setdefault("sat_rounds", []).append(r)
                     wait_idle(s.procs)
+                    # CPU of the system's processes for this run (including requests it was
+                    # still working off afterwards), per request answered
+                    done = r.get("ok") if kind == "rate" else r["requests"]
+                    r["cpu_us_per_req"] = (1e6 * (cpu_seconds(s.procs) - c0) / done
+                                           if s.procs and done else None)
     finally:
         for smp in samplers.values():
             smp.__exit__()
@@ -574,6 +586,8 @@ def load_rounds(systems, env, results):
             rounds = res[f"rate{rate}_rounds"]
             res[f"rate{rate}"] = {
                 **{k: statistics.median(r[k] for r in rounds) for k in ("p50", "p90", "p99", "rps")},
+                "cpu_us_per_req": (statistics.median(r["cpu_us_per_req"] for r in rounds)
+                                   if s.procs else None),
                 "success": min(r["success"] or 0 for r in rounds),
                 "p99_rounds": [r["p99"] for r in rounds],
             }
@@ -582,6 +596,8 @@ def load_rounds(systems, env, results):
                       "errors": sum(r["errors"] for r in rounds),
                       "p50_us": statistics.median(r["p50_us"] for r in rounds),
                       "p99_us": statistics.median(r["p99_us"] for r in rounds),
+                      "cpu_us_per_req": (statistics.median(r["cpu_us_per_req"] for r in rounds)
+                                         if s.procs else None),
                       "rps_rounds": [r["rps"] for r in rounds]}
 
 
@@ -620,14 +636,24 @@ def measure_large(sys_, env, res, conv):
     base = conversation.with_nonce(msgs, f"{run_id}-w")
     warm_bodies = [conversation.body(model, base + conversation.turns(i + 1), tools)
                    for i in range(env.large_warm + 1)]
+    c0 = cpu_seconds(sys_.procs)
     cold = clients.timed_posts(sys_.json_url, cold_bodies)
-    warm = clients.timed_posts(sys_.json_url, warm_bodies)[1:]
+    wait_idle(sys_.procs)
+    c1 = cpu_seconds(sys_.procs)
+    warm = clients.timed_posts(sys_.json_url, warm_bodies[:1])
+    wait_idle(sys_.procs)
+    c2 = cpu_seconds(sys_.procs)
+    warm = clients.timed_posts(sys_.json_url, warm_bodies[1:])
+    wait_idle(sys_.procs)
+    c3 = cpu_seconds(sys_.procs)
     res["large"] = {
         "bytes": len(warm_bodies[0]),
         "cold": [t for t, *_ in cold], "warm": [t for t, *_ in warm],
         "statuses": sorted({s for _, s, _ in cold + warm}),
         "headers": {k: v for k, v in (warm[-1][2] if warm else {}).items() if k.startswith("x-compactor")},
         "cold_headers": {k: v for k, v in (cold[-1][2] if cold else {}).items() if k.startswith("x-compactor")},
+        "cold_cpu_ms": 1e3 * (c1 - c0) / len(cold) if sys_.procs and cold else None,
+        "warm_cpu_ms": 1e3 * (c3 - c2) / len(warm) if sys_.procs and warm else None,
     }
 
 
@@ -764,6 +790,9 @@ def report(env, results, extra):
             lambda r, rate=rate: "floor" if r is base else " / ".join(fmt_added(r, base, rate)))
         row(f"{rate} req/s: achieved req/s, success",
             lambda r, rate=rate: f"{r[f'rate{rate}']['rps']:.0f}, {100 * (r[f'rate{rate}']['success'] or 0):.1f}%")
+    row("CPU per request at 1,000 req/s / at saturation (µs)",
+        lambda r: "–" if r["rate1000"]["cpu_us_per_req"] is None else
+        f"{r['rate1000']['cpu_us_per_req']:.0f} / {r['sat']['cpu_us_per_req']:.0f}")
     row("max throughput (req/s, wrk)", lambda r: f"{r['sat']['rps']:,.0f}" + (f" ({r['sat']['errors']} errors)" if r['sat']['errors'] else ""))
     row("saturation latency p50 / p99 (ms)", lambda r: f"{r['sat']['p50_us'] / 1e3:.2f} / {r['sat']['p99_us'] / 1e3:.2f}")
     row("RSS idle (MB)", lambda r: "–" if r["rss_idle_kb"] is None else mb(r["rss_idle_kb"]))
@@ -800,14 +829,16 @@ def report(env, results, extra):
                  f"message new to the proxy; warm: the conversation the proxy has just seen, one turn "
                  f"longer (each sample one turn more). Sequential requests on one connection.")
         L.append("")
-        L.append("| 128k conversation + 1 turn | direct p50 (ms) | Compactor p50 / max (ms) | added p50 (ms) |")
-        L.append("|---|---|---|---|")
+        L.append("| 128k conversation + 1 turn | direct p50 (ms) | Compactor p50 / max (ms) | added p50 (ms) | Compactor CPU per request (ms) |")
+        L.append("|---|---|---|---|---|")
         for k, label in (("cold", f"cold (first time, {len(cl['cold'])} samples)"),
                          ("warm", f"warm (seen before, {len(cl['warm'])} samples)")):
             d = statistics.median(bl[k]) if bl and bl.get(k) else None
             c = statistics.median(cl[k]) if cl.get(k) else None
             added = f"{(c - d) * 1e3:+.2f}" if c is not None and d is not None else "n/a"
-            L.append(f"| {label} | {ms(d, 2)} | {ms(c, 2)} / {ms(max(cl[k]) if cl.get(k) else None, 2)} | {added} |")
+            cpu = cl.get(f"{k}_cpu_ms")
+            L.append(f"| {label} | {ms(d, 2)} | {ms(c, 2)} / {ms(max(cl[k]) if cl.get(k) else None, 2)} | {added} | "
+                     f"{'n/a' if cpu is None else f'{cpu:.2f}'} |")
         for key, label in (("cold_headers", "cold"), ("headers", "warm")):
             if cl.get(key):
                 L.append("")
