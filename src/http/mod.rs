@@ -349,7 +349,8 @@ fn finish(
     if outcome.ready_checkpoint_used {
         set(&mut headers, "x-compactor-ready-checkpoint", "true");
     }
-    if outcome.store_degraded {
+    // Checked again now: the store may have noticed an outage while serving this request.
+    if outcome.store_degraded || !app.engine.store().healthy() {
         set(&mut headers, "x-compactor-store", "degraded");
     }
     tracing::info!(

@@ -675,89 +675,19 @@ impl CheckpointStore for RedisStore {
     }
 }
 
+// Shared with the integration tests, which start real servers the same way.
+#[cfg(test)]
+#[path = "../../tests/common/redis_server.rs"]
+mod redis_server;
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::net::{TcpListener, TcpStream};
-    use std::process::{Child, Command, Stdio};
     use std::time::Instant;
 
     use super::super::contract::{check, sample};
 
-    /// A throwaway `redis-server` on a local port, killed on drop.
-    struct RedisServer {
-        port: u16,
-        child: Option<Child>,
-    }
-
-    impl RedisServer {
-        fn start() -> RedisServer {
-            let port = TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port();
-            let mut server = RedisServer { port, child: None };
-            server.restart();
-            server
-        }
-
-        fn url(&self) -> String {
-            format!("redis://127.0.0.1:{}/", self.port)
-        }
-
-        fn restart(&mut self) {
-            assert!(self.child.is_none(), "already running");
-            let child = Command::new("redis-server")
-                .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
-                .args(["--save", "", "--appendonly", "no"])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap_or_else(|e| {
-                    panic!(
-                        "cannot start redis-server ({e}); these tests need a real Redis: \
-                         install it with `apt-get install -y redis-server`"
-                    )
-                });
-            self.child = Some(child);
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-                assert!(
-                    Instant::now() < deadline,
-                    "redis-server did not start on port {}",
-                    self.port
-                );
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-
-        fn stop(&mut self) {
-            if let Some(mut child) = self.child.take() {
-                let _ = child.kill();
-                let _ = child.wait();
-            }
-        }
-    }
-
-    impl RedisServer {
-        /// Freezes (`true`) or thaws the server: connections stay open but nothing answers.
-        fn freeze(&self, frozen: bool) {
-            let pid = self.child.as_ref().expect("running").id().to_string();
-            let signal = if frozen { "-STOP" } else { "-CONT" };
-            assert!(Command::new("kill")
-                .args([signal, &pid])
-                .status()
-                .unwrap()
-                .success());
-        }
-    }
-
-    impl Drop for RedisServer {
-        fn drop(&mut self) {
-            self.stop();
-        }
-    }
+    use super::redis_server::RedisServer;
 
     async fn eventually(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
         let deadline = Instant::now() + limit;

@@ -399,3 +399,5 @@ pub fn client() -> reqwest::Client {
 pub fn completion_json(text: &str, prompt_tokens: u64) -> Value {
     completion(text, prompt_tokens)
 }
+
+pub mod redis_server;

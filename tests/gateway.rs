@@ -1,0 +1,291 @@
+//! The team gateway: two Compactor instances sharing checkpoints through a real Redis, single
+//! flight across them, service through a Redis outage, and Prometheus metrics.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use common::redis_server::RedisServer;
+use common::{client, config, start_mock, start_proxy, Mock, Proxy};
+use serde_json::{json, Value};
+
+fn conversation(topic: &str, turns: usize) -> Value {
+    let mut messages = vec![json!({"role":"system","content":"You are a coding agent."})];
+    for t in 0..turns {
+        messages.push(json!({"role":"user","content": format!("{topic} step {t}: {}", "explain the design ".repeat(40))}));
+        messages.push(json!({"role":"assistant","content": format!("{topic} answer {t}: {}", "because of the tradeoffs ".repeat(40))}));
+    }
+    messages.push(json!({"role":"user","content": format!("{topic}: what next?")}));
+    json!({"model":"agent-model","max_tokens":200,"messages":messages})
+}
+
+async fn gateway(mock: &Mock, redis: &RedisServer) -> (Proxy, Proxy) {
+    let mut cfg = config(&mock.url());
+    cfg.store = redis.url();
+    cfg.windows.insert("agent-model".into(), 4000);
+    cfg.summarizer.window = 100_000;
+    (start_proxy(cfg.clone()).await, start_proxy(cfg).await)
+}
+
+struct Reply {
+    status: u16,
+    headers: reqwest::header::HeaderMap,
+}
+
+impl Reply {
+    fn header(&self, name: &str) -> Option<String> {
+        self.headers
+            .get(name)
+            .map(|v| v.to_str().unwrap().to_string())
+    }
+}
+
+async fn send(proxy: &Proxy, body: &Value) -> Reply {
+    let resp = client()
+        .post(format!("{}/v1/chat/completions", proxy.url()))
+        .header("authorization", "Bearer team-key")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    resp.bytes().await.unwrap();
+    Reply { status, headers }
+}
+
+fn with_turn(body: &Value, text: &str) -> Value {
+    let mut next = body.clone();
+    let messages = next["messages"].as_array_mut().unwrap();
+    messages.push(json!({"role":"assistant","content":"Working on it."}));
+    messages.push(json!({"role":"user","content": text}));
+    next
+}
+
+#[tokio::test]
+async fn a_checkpoint_made_by_one_replica_is_applied_by_the_other() {
+    let redis = RedisServer::start();
+    let mock = start_mock().await;
+    let (a, b) = gateway(&mock, &redis).await;
+    let body = conversation("shared", 14);
+    let first = send(&a, &body).await;
+    assert_eq!(first.status, 200);
+    let id = first
+        .header("x-compactor-checkpoint")
+        .expect("compacted on the first replica");
+    assert_eq!(mock.summaries().len(), 1);
+    let second = send(&b, &with_turn(&body, "and then?")).await;
+    assert_eq!(second.status, 200);
+    assert_eq!(second.header("x-compactor-checkpoint"), Some(id.clone()));
+    assert_eq!(
+        mock.summaries().len(),
+        1,
+        "no new summary on the second replica"
+    );
+    // Either replica serves the checkpoint to its tenant.
+    let url = format!("{}/compactor/v1/checkpoints/{id}", b.url());
+    let resp = client()
+        .get(url)
+        .header("authorization", "Bearer team-key")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+}
+
+#[tokio::test]
+async fn twenty_concurrent_requests_across_replicas_make_one_summary() {
+    let redis = RedisServer::start();
+    let mock = start_mock().await;
+    mock.state.summary_delay_ms.store(500, Ordering::SeqCst);
+    let (a, b) = gateway(&mock, &redis).await;
+    let body = conversation("burst", 14);
+    let replies = futures::future::join_all((0..20).map(|i| {
+        let proxy = if i % 2 == 0 { &a } else { &b };
+        send(proxy, &body)
+    }))
+    .await;
+    for r in &replies {
+        assert_eq!(r.status, 200);
+        assert_eq!(r.header("x-compactor-compacted").as_deref(), Some("true"));
+    }
+    assert_eq!(mock.summaries().len(), 1);
+    let ids: std::collections::BTreeSet<_> = replies
+        .iter()
+        .map(|r| r.header("x-compactor-checkpoint"))
+        .collect();
+    assert_eq!(ids.len(), 1, "every request used the same checkpoint");
+}
+
+async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !check().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn requests_survive_a_redis_outage_and_sharing_resumes() {
+    let mut redis = RedisServer::start();
+    let mock = start_mock().await;
+    let (a, b) = gateway(&mock, &redis).await;
+    assert_eq!(
+        send(&a, &conversation("before", 2))
+            .await
+            .header("x-compactor-store"),
+        None
+    );
+
+    redis.stop();
+    for (i, topic) in ["down-1", "down-2", "down-3"].iter().enumerate() {
+        let proxy = if i % 2 == 0 { &a } else { &b };
+        let started = Instant::now();
+        let r = send(proxy, &conversation(topic, 14)).await;
+        assert_eq!(r.status, 200, "served while Redis is down");
+        assert_eq!(
+            r.header("x-compactor-compacted").as_deref(),
+            Some("true"),
+            "compaction still works"
+        );
+        assert_eq!(r.header("x-compactor-store").as_deref(), Some("degraded"));
+        assert!(started.elapsed() < Duration::from_secs(5));
+    }
+    let ready: Value = client()
+        .get(format!("{}/readyz", a.url()))
+        .send()
+        .await
+        .unwrap()
+        .json_value()
+        .await;
+    assert_eq!(ready["status"], "degraded");
+
+    redis.restart();
+    eventually("the store to recover", async || {
+        let ready: Value = client()
+            .get(format!("{}/readyz", a.url()))
+            .send()
+            .await
+            .unwrap()
+            .json_value()
+            .await;
+        ready["status"] == "ready"
+    })
+    .await;
+    eventually("the second replica to recover", async || {
+        !send(&b, &conversation("probe", 1))
+            .await
+            .headers
+            .contains_key("x-compactor-store")
+    })
+    .await;
+    let summaries = mock.summaries().len();
+    let body = conversation("after", 14);
+    let first = send(&a, &body).await;
+    assert_eq!(first.header("x-compactor-store"), None);
+    let id = first.header("x-compactor-checkpoint").unwrap();
+    let second = send(&b, &with_turn(&body, "next")).await;
+    assert_eq!(
+        second.header("x-compactor-checkpoint"),
+        Some(id),
+        "sharing resumed without a restart"
+    );
+    assert_eq!(mock.summaries().len(), summaries + 1);
+}
+
+#[tokio::test]
+async fn metrics_are_prometheus_text_and_move() {
+    let redis = RedisServer::start();
+    let mock = start_mock().await;
+    let (a, _b) = gateway(&mock, &redis).await;
+    let scrape = async || -> Vec<prometheus_parse::Sample> {
+        let text = client()
+            .get(format!("{}/metrics", a.url()))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let lines = text.lines().map(|l| Ok(l.to_string()));
+        prometheus_parse::Scrape::parse(lines)
+            .expect("valid Prometheus text")
+            .samples
+    };
+    let value = |samples: &[prometheus_parse::Sample],
+                 name: &str,
+                 label: Option<(&str, &str)>|
+     -> f64 {
+        samples
+            .iter()
+            .filter(|s| s.metric == name && label.is_none_or(|(k, v)| s.labels.get(k) == Some(v)))
+            .map(|s| match s.value {
+                prometheus_parse::Value::Counter(v)
+                | prometheus_parse::Value::Gauge(v)
+                | prometheus_parse::Value::Untyped(v) => v,
+                _ => 0.0,
+            })
+            .sum()
+    };
+    let before = scrape().await;
+    let body = conversation("metrics", 14);
+    send(&a, &body).await;
+    send(&a, &with_turn(&body, "more")).await;
+    let _ = client()
+        .get(format!("{}/v1/models", a.url()))
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await;
+    let after = scrape().await;
+    let moved = |name: &str, label: Option<(&str, &str)>| {
+        value(&after, name, label) - value(&before, name, label)
+    };
+    assert_eq!(
+        moved(
+            "compactor_requests_total",
+            Some(("route", "ChatCompletions"))
+        ),
+        2.0
+    );
+    assert_eq!(
+        moved("compactor_requests_total", Some(("route", "Passthrough"))),
+        1.0
+    );
+    assert_eq!(
+        moved(
+            "compactor_compactions_total",
+            Some(("trigger", "threshold"))
+        ),
+        1.0
+    );
+    assert_eq!(
+        moved(
+            "compactor_checkpoint_lookups_total",
+            Some(("result", "hit"))
+        ),
+        1.0
+    );
+    assert!(moved("compactor_tokens_saved_total", None) > 0.0);
+    assert!(after
+        .iter()
+        .any(|s| s.metric.starts_with("compactor_overhead_seconds")));
+    assert!(after
+        .iter()
+        .any(|s| s.metric.starts_with("compactor_summary_seconds")));
+    assert!(after
+        .iter()
+        .all(|s| !s.labels.values().any(|v| v.contains("team-key"))));
+}
+
+trait JsonValue {
+    async fn json_value(self) -> Value;
+}
+
+impl JsonValue for reqwest::Response {
+    async fn json_value(self) -> Value {
+        serde_json::from_str(&self.text().await.unwrap()).unwrap()
+    }
+}
