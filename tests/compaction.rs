@@ -537,3 +537,75 @@ impl JsonValue for reqwest::Response {
         serde_json::from_str(&self.text().await.unwrap()).unwrap()
     }
 }
+
+#[tokio::test]
+async fn counts_converge_to_the_providers_usage() {
+    let mock = start_mock().await;
+    let proxy = start_proxy(windowed(&mock, "agent-model", 100_000)).await;
+    let session = big_session(4);
+    let mut body = session.body(false);
+    let mut counts = vec![];
+    for i in 0..6 {
+        // A new turn each time, so the request differs but stays about the same size.
+        body["messages"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"role":"user","content": format!("again {i}")}));
+        let r = send(&proxy, &body, "Bearer k", &[]).await;
+        counts.push(
+            r.header("x-compactor-prompt-tokens")
+                .unwrap()
+                .parse::<f64>()
+                .unwrap(),
+        );
+        // Usage is read after the body is streamed; give the update a moment.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let actual = common::mock_tokens(&body) as f64;
+    // An unknown tokenizer starts high (never under the provider's count) and converges.
+    assert!(counts[0] > actual * 1.2, "{counts:?} vs {actual}");
+    let last = *counts.last().unwrap();
+    assert!(
+        last >= actual && last < counts[0] * 0.95,
+        "{counts:?} vs {actual}"
+    );
+}
+
+#[tokio::test]
+async fn the_compact_command_runs_the_whole_path_offline() {
+    let mock = start_mock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("request.json");
+    std::fs::write(&file, big_session(10).body(false).to_string()).unwrap();
+    let upstream = mock.url();
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_compactor"))
+            .args([
+                "compact",
+                file.to_str().unwrap(),
+                "--window",
+                "4000",
+                "--upstream",
+                &upstream,
+            ])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let rewritten: Value = serde_json::from_slice(&output.stdout).unwrap();
+    // The summarizer is the same 4000-token model, so the span is summarized in chunks.
+    let summaries = mock.summaries().len();
+    assert!(summaries >= 1);
+    let summary = rewritten["messages"][1]["content"].as_str().unwrap();
+    assert!(
+        summary.contains(&format!("SUMMARY-{summaries}")),
+        "{summary}"
+    );
+    assert!(
+        stderr.contains("window 4000") && stderr.contains("compacted true"),
+        "{stderr}"
+    );
+}

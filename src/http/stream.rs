@@ -137,6 +137,26 @@ fn usage_of_event(event: &[u8]) -> Option<(u64, bool)> {
     Some((tokens, usage_only))
 }
 
+impl Drop for Observed {
+    /// A body with a known length may be dropped once its last byte went out, without being
+    /// polled to its end; usage is read here in that case.
+    fn drop(&mut self) {
+        if self.sink.is_none() {
+            return;
+        }
+        if let ObserveMode::Json = self.mode {
+            self.prompt_tokens = self.prompt_tokens.or_else(|| json_usage(&self.buffer));
+        }
+        self.report();
+    }
+}
+
+fn json_usage(body: &[u8]) -> Option<u64> {
+    serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v.get("usage")?.get("prompt_tokens")?.as_u64())
+}
+
 impl Stream for Observed {
     type Item = Result<Bytes, std::io::Error>;
 
@@ -163,10 +183,7 @@ impl Stream for Observed {
                 }
                 Poll::Ready(None) => {
                     if let ObserveMode::Json = self.mode {
-                        self.prompt_tokens =
-                            serde_json::from_slice::<serde_json::Value>(&self.buffer)
-                                .ok()
-                                .and_then(|v| v.get("usage")?.get("prompt_tokens")?.as_u64());
+                        self.prompt_tokens = json_usage(&self.buffer);
                         self.buffer.clear();
                     } else if !self.buffer.is_empty() {
                         // A final event without its blank line: forward it as it is.

@@ -99,7 +99,7 @@ pub trait CheckpointStore: Send + Sync + 'static {
     fn kind(&self) -> &'static str;
 }
 
-/// Opens the store a config string names: `memory`, `redis://…`/`rediss://…`, or a file path
+/// Opens the store a config string names: `memory`, `redis://…`, or a file path
 /// (optionally prefixed `sqlite:`).
 pub async fn open(spec: &str, ttl: Duration) -> Result<Arc<dyn CheckpointStore>, StoreError> {
     if spec == "memory" {
