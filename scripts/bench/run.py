@@ -234,9 +234,9 @@ def nginx_str(s):
     return '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("$", "${dollar}") + '"'
 
 
-def nginx_common(tmp, name):
+def nginx_common(tmp, name, workers=1):
     user = "user root;\n" if os.geteuid() == 0 else ""
-    return f"""{user}worker_processes 1;
+    return f"""{user}worker_processes {workers};
 daemon off;
 master_process on;
 pid {tmp}/{name}.pid;
@@ -260,10 +260,10 @@ def nginx_http_common(tmp, name):
 """
 
 
-def write_mock_conf(tmp, port):
+def write_mock_conf(tmp, port, workers=1):
     """The fast mock: nginx answering every POST from memory. `/sse/...` gives the SSE stream,
     anything else the JSON completion."""
-    conf = nginx_common(tmp, "mock") + f"""http {{
+    conf = nginx_common(tmp, "mock", workers) + f"""http {{
 {nginx_http_common(tmp, "mock")}  geo $dollar {{ default "$"; }}
   server {{
     listen 127.0.0.1:{port} backlog=4096;
@@ -285,8 +285,8 @@ def write_mock_conf(tmp, port):
     return path
 
 
-def write_nginx_proxy_conf(tmp, port, mock_port, slow_port):
-    conf = nginx_common(tmp, "proxy") + f"""http {{
+def write_nginx_proxy_conf(tmp, port, mock_port, slow_port, workers=1):
+    conf = nginx_common(tmp, "proxy", workers) + f"""http {{
 {nginx_http_common(tmp, "proxy")}  upstream mock {{ server 127.0.0.1:{mock_port}; keepalive 512; }}
   upstream slowmock {{ server 127.0.0.1:{slow_port}; keepalive 64; }}
   server {{
@@ -415,7 +415,7 @@ class Nginx(System):
 
     def start(self):
         e = self.env
-        conf = write_nginx_proxy_conf(e.tmp, self.port, e.mock_port, e.slow_port)
+        conf = write_nginx_proxy_conf(e.tmp, self.port, e.mock_port, e.slow_port, e.server_ncpu)
         p = Proc("nginx-proxy", ["nginx", "-p", e.tmp, "-e", f"{e.tmp}/proxy.error.log", "-c", conf],
                  cpus=e.server_cpus, log_dir=e.tmp)
         self.procs = [p]
@@ -754,12 +754,16 @@ def report(env, results, extra):
     L.append("")
     L.append(f"- Date: {now:%Y-%m-%d %H:%M} (local time)")
     L.append(f"- Machine: {os.cpu_count()} cores, {cpu}, Linux {platform.release()}")
-    L.append(f"- Pinning: {env.pin_note}")
-    L.append(f"- Load average (1 min) at start / end: {env.load_start:.2f} / {os.getloadavg()[0]:.2f} "
-             f"(other work on the machine inflates tail latencies)")
+    L.append(f"- Pinning: {env.pin_note}; all benchmark processes at niceness {env.nice}")
+    load_end = os.getloadavg()[0]
+    busy = max(env.load_start, load_end) > 1.5
+    L.append(f"- Load average (1 min) at start / end: {env.load_start:.2f} / {load_end:.2f}"
+             + (" — **other work was running on the machine**: tail latencies (p90, p99) and "
+                "throughput are inflated by it; medians and CPU per request are the steadier figures"
+                if busy else ""))
     L.append(f"- Tools: {env.versions}")
     L.append(f"- Command: `{env.command}`")
-    L.append(f"- Mock upstream: nginx (1 worker) answering from memory: a fixed chat completion "
+    L.append(f"- Mock upstream: nginx answering from memory: a fixed chat completion "
              f"({len(JSON_COMPLETION)} B) and a fixed SSE stream ({len(SSE_STREAM)} B, 6 events); "
              f"slow streams and the 2 s summarizer come from `scripts/bench/slow_mock.py`.")
     L.append(f"- Small request: `{json.dumps(SMALL)}` ({len(clients.json_body(SMALL))} B)")
@@ -976,7 +980,8 @@ def main():
     ap.add_argument("--rates", default="200,1000")
     ap.add_argument("--oha", default="oha")
     ap.add_argument("--litellm", default="litellm")
-    ap.add_argument("--litellm-workers", type=int, default=1)
+    ap.add_argument("--litellm-workers", type=int, default=0,
+                    help="LiteLLM worker processes (default: one per core given to the servers)")
     ap.add_argument("--compactor", default=os.path.join(ROOT, "target", "release", "compactor"))
     ap.add_argument("--compactor-config", default=os.path.join(ROOT, "config", "compactor.toml"))
     ap.add_argument("--data", default=os.path.join(ROOT, "..", "shared", "data", "conversations"))
@@ -995,9 +1000,14 @@ def main():
     ap.add_argument("--pin", choices=["split", "none"], default="split",
                     help="split: load generators and measuring clients on CPU 0, mock and proxies on "
                          "CPU 1 (default on 2+ cores); none: no pinning")
+    ap.add_argument("--nice", type=int, default=-10,
+                    help="niceness for this run and everything it starts (inherited), so that other "
+                         "work on the machine disturbs the measurements less (negative needs root; "
+                         "ignored when not allowed)")
     ap.add_argument("--oha-conns", type=int, default=32)
     ap.add_argument("--wrk-conns", type=int, default=64)
-    ap.add_argument("--wrk-threads", type=int, default=1)
+    ap.add_argument("--wrk-threads", type=int, default=0,
+                    help="wrk threads (default: one per core given to the load generator)")
     ap.add_argument("--out", default=os.path.join(ROOT, "benches", "results"))
     ap.add_argument("--keep-tmp", action="store_true")
     a = ap.parse_args()
@@ -1021,7 +1031,17 @@ def main():
     else:
         env.load_cpus = env.server_cpus = None
         env.pin_note = "none: everything shares all cores"
+    env.server_ncpu = len(env.server_cpus.split(",")) if env.server_cpus else ncpu
+    if not env.wrk_threads:
+        env.wrk_threads = len(env.load_cpus.split(",")) if env.load_cpus else ncpu
+    if not env.litellm_workers:
+        env.litellm_workers = env.server_ncpu
     env.load_start = os.getloadavg()[0]
+    try:
+        os.nice(a.nice - os.nice(0))
+    except OSError:
+        pass
+    env.nice = os.nice(0)
     want = {s.strip().lower() for s in a.systems.split(",")} | {"direct"}
     notes = []
 
@@ -1042,7 +1062,8 @@ def main():
     notes += [
         "Logging: nginx `access_log off`; LiteLLM `LITELLM_LOG=ERROR`; Compactor `COMPACTOR_LOG=warn` "
         "(its default, info, writes a line per request).",
-        f"LiteLLM: `litellm --config … --num_workers {a.litellm_workers}`, a master key, no database; "
+        f"nginx (mock and proxy): {env.server_ncpu} worker process(es), one per core given to the servers. "
+        f"LiteLLM: `litellm --config … --num_workers {env.litellm_workers}`, a master key, no database; "
         "its `openai/` provider pointed at the mock.",
         "Compactor: `compactor serve --listen … --upstream … --config …` with config/compactor.toml "
         "and `store = \"memory\"`. It has one upstream base URL and the mock picks JSON or SSE by path, "
@@ -1055,7 +1076,8 @@ def main():
     try:
         env.mock_port, env.slow_port = free_port(), free_port()
         mock = Proc("mock", ["nginx", "-p", env.tmp, "-e", f"{env.tmp}/mock.error.log", "-c",
-                             write_mock_conf(env.tmp, env.mock_port)], cpus=env.server_cpus, log_dir=env.tmp)
+                             write_mock_conf(env.tmp, env.mock_port, env.server_ncpu)],
+                    cpus=env.server_cpus, log_dir=env.tmp)
         slow = Proc("slow-mock", [sys.executable, os.path.join(HERE, "slow_mock.py"), "--port",
                                   str(env.slow_port), "--summary-delay", str(a.summary_delay),
                                   "--chunk-interval", "1.0", "--chunks", "60"],
