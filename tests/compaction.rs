@@ -609,3 +609,84 @@ async fn the_compact_command_runs_the_whole_path_offline() {
         "{stderr}"
     );
 }
+
+#[tokio::test]
+async fn compactions_that_free_nothing_stop_after_three() {
+    let mock = start_mock().await;
+    // Every summary is longer than anything it could replace.
+    mock.state
+        .summary_padding_words
+        .store(20_000, Ordering::SeqCst);
+    let proxy = start_proxy(windowed(&mock, "agent-model", 4000)).await;
+    let mut session = big_session(16);
+    for attempt in 0..5 {
+        let r = send(&proxy, &session.body(false), "Bearer k", &[]).await;
+        assert_eq!(r.status, 200);
+        let status = r
+            .header("x-compactor-compaction")
+            .unwrap_or_else(|| panic!("attempt {attempt}: {:?}", r.headers));
+        if attempt < 3 {
+            assert!(
+                status.starts_with("failed; reason=no-reduction"),
+                "{status}"
+            );
+            assert_eq!(mock.summaries().len(), attempt + 1);
+        } else {
+            assert!(
+                status.starts_with("skipped; reason=no-progress"),
+                "{status}"
+            );
+            assert_eq!(mock.summaries().len(), 3, "no more summary requests");
+        }
+        session.assistant("ok");
+        session.user(100 + attempt);
+        session.tool_round(100 + attempt);
+    }
+    // An explicit /compact still tries.
+    let r = send(
+        &proxy,
+        &session.body(false),
+        "Bearer k",
+        &[("x-compactor-mode", "force")],
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(mock.summaries().len(), 4);
+}
+
+#[tokio::test]
+async fn an_admin_token_reads_any_checkpoint_and_a_configured_key_replaces_the_clients() {
+    let mock = start_mock().await;
+    let mut cfg = windowed(&mock, "agent-model", 4000);
+    cfg.admin_token = "admin-secret".into();
+    // SAFETY of the test: the variable name is unique to this test.
+    std::env::set_var("COMPACTOR_TEST_UPSTREAM_KEY", "sk-configured");
+    cfg.upstream_key_env = "COMPACTOR_TEST_UPSTREAM_KEY".into();
+    let proxy = start_proxy(cfg).await;
+    let r = send(
+        &proxy,
+        &big_session(10).body(false),
+        "Bearer client-key",
+        &[],
+    )
+    .await;
+    let id = r.header("x-compactor-checkpoint").unwrap();
+    for recorded in mock.chats().iter().chain(mock.summaries().iter()) {
+        assert_eq!(recorded.headers["authorization"], "Bearer sk-configured");
+    }
+    let get = |auth: &'static str| {
+        let url = format!("{}/compactor/v1/checkpoints/{id}", proxy.url());
+        async move {
+            client()
+                .get(url)
+                .header("authorization", auth)
+                .send()
+                .await
+                .unwrap()
+                .status()
+        }
+    };
+    assert_eq!(get("Bearer admin-secret").await, 200);
+    assert_eq!(get("Bearer client-key").await, 200);
+    assert_eq!(get("Bearer someone-else").await, 404);
+}

@@ -115,3 +115,38 @@ pub fn panic_response(_panic: Box<dyn std::any::Any + Send + 'static>) -> Respon
     tracing::error!("A request handler panicked.");
     ApiError::Internal("internal error in the proxy".into()).into_response()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::routing::get;
+    use tower::ServiceExt;
+
+    #[tokio::test]
+    async fn a_panicking_handler_answers_500_in_the_openai_shape() {
+        async fn boom() -> &'static str {
+            panic!("handler bug")
+        }
+        let app = axum::Router::new().route("/", get(boom)).layer(
+            tower_http::catch_panic::CatchPanicLayer::custom(panic_response),
+        );
+        let response = app
+            .oneshot(
+                http::Request::get("/")
+                    .body(axum::body::Body::empty())
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        let body = axum::body::to_bytes(response.into_body(), 1 << 16)
+            .await
+            .unwrap();
+        let value: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(value["error"]["type"], "server_error");
+        assert!(!value["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("handler bug"));
+    }
+}

@@ -57,6 +57,8 @@ pub struct MockState {
     pub summary_delay_ms: AtomicU64,
     pub summary_fails: AtomicBool,
     pub summary_hangs: AtomicBool,
+    /// Words of filler added to every summary (to make summaries that save nothing).
+    pub summary_padding_words: AtomicU64,
     /// Pause between SSE chunks.
     pub chunk_pause_ms: AtomicU64,
     /// Set when a streaming response's connection was closed before the stream finished.
@@ -226,6 +228,8 @@ async fn chat(State(state): State<Arc<MockState>>, req: Request) -> Response {
         let text = format!(
             "## Goal\nSUMMARY-{n}: keep the conversation going.\n## Constraints and preferences\nNone\n## Progress\n### Done\nsteps\n## Key decisions\nNone\n## Next steps\ncontinue\n## Critical context\nnone"
         );
+        let padding = state.summary_padding_words.load(Ordering::SeqCst) as usize;
+        let text = format!("{text}\n{}", "filler ".repeat(padding));
         return axum::Json(completion(&text, mock_tokens(&body))).into_response();
     }
     state.chats.lock().unwrap().push(rec.clone());
