@@ -68,5 +68,6 @@ ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" || true
 
 # run.py needs only the standard library; the venv's interpreter also brings tiktoken (and
 # LiteLLM's bundled encoding files) for exact token counts of the large conversation.
+export BENCH_COMMAND="scripts/bench.sh${*:+ $*}"
 exec "$VENV/bin/python" "$ROOT/scripts/bench/run.py" \
   --oha "$OHA" --litellm "$VENV/bin/litellm" "$@"

@@ -51,9 +51,12 @@ class Proc:
     """A process this run started (in its own session, so that it and its children can be
     stopped together by its process-group id)."""
     live = []
+    server_prefix = []  # e.g. ["chrt", "-r", "1"] for --realtime
 
-    def __init__(self, name, cmd, cpus=None, env=None, log_dir=None):
+    def __init__(self, name, cmd, cpus=None, env=None, log_dir=None, server=True):
         self.name = name
+        if server:
+            cmd = Proc.server_prefix + cmd
         if cpus is not None:
             cmd = ["taskset", "-c", cpus] + cmd
         self.log = open(os.path.join(log_dir, f"{name}.log"), "wb") if log_dir else subprocess.DEVNULL
@@ -206,12 +209,14 @@ def run_wrk(url, body_file, seconds, conns, threads, cpus):
 # ----------------------------------------------------------------------------------------------
 # configuration files
 
+# The fixed answers report `usage.prompt_tokens: 0`: the same figure for every request would
+# mis-calibrate a proxy that learns its token counts from `usage` (Compactor does); 0 is "unknown".
 JSON_COMPLETION = json.dumps({
     "id": "chatcmpl-mock", "object": "chat.completion", "created": 1700000000, "model": "mock",
     "system_fingerprint": "fp_mock",
     "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello from the mock."},
                  "logprobs": None, "finish_reason": "stop"}],
-    "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}},
+    "usage": {"prompt_tokens": 0, "completion_tokens": 5, "total_tokens": 5}},
     separators=(",", ":"))
 
 
@@ -501,10 +506,11 @@ def log(msg):
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def cpu_seconds(procs):
-    """CPU time used so far by the processes' trees: the sum of their threads' run time from
-    /proc/PID/task/TID/schedstat (nanoseconds; /proc/PID/stat counts only whole clock ticks)."""
-    total = 0
+def sched_seconds(procs):
+    """(CPU time, time spent runnable but waiting for a CPU) so far, summed over the processes'
+    trees and their threads, from /proc/PID/task/TID/schedstat (nanoseconds; /proc/PID/stat
+    counts only whole clock ticks)."""
+    run_ns = wait_ns = 0
     for p in procs:
         for pid in p.tree():
             try:
@@ -514,10 +520,16 @@ def cpu_seconds(procs):
             for tid in tids:
                 try:
                     with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                        total += int(f.read().split()[0])
+                        fields = f.read().split()
+                    run_ns += int(fields[0])
+                    wait_ns += int(fields[1])
                 except (OSError, IndexError, ValueError):
                     pass
-    return total / 1e9
+    return run_ns / 1e9, wait_ns / 1e9
+
+
+def cpu_seconds(procs):
+    return sched_seconds(procs)[0]
 
 
 def wait_idle(procs, limit=0.05, timeout=60):
@@ -636,24 +648,26 @@ def measure_large(sys_, env, res, conv):
     base = conversation.with_nonce(msgs, f"{run_id}-w")
     warm_bodies = [conversation.body(model, base + conversation.turns(i + 1), tools)
                    for i in range(env.large_warm + 1)]
-    c0 = cpu_seconds(sys_.procs)
+    c0 = sched_seconds(sys_.procs)
     cold = clients.timed_posts(sys_.json_url, cold_bodies)
     wait_idle(sys_.procs)
-    c1 = cpu_seconds(sys_.procs)
+    c1 = sched_seconds(sys_.procs)
     warm = clients.timed_posts(sys_.json_url, warm_bodies[:1])
     wait_idle(sys_.procs)
-    c2 = cpu_seconds(sys_.procs)
+    c2 = sched_seconds(sys_.procs)
     warm = clients.timed_posts(sys_.json_url, warm_bodies[1:])
     wait_idle(sys_.procs)
-    c3 = cpu_seconds(sys_.procs)
+    c3 = sched_seconds(sys_.procs)
     res["large"] = {
         "bytes": len(warm_bodies[0]),
         "cold": [t for t, *_ in cold], "warm": [t for t, *_ in warm],
         "statuses": sorted({s for _, s, _ in cold + warm}),
         "headers": {k: v for k, v in (warm[-1][2] if warm else {}).items() if k.startswith("x-compactor")},
         "cold_headers": {k: v for k, v in (cold[-1][2] if cold else {}).items() if k.startswith("x-compactor")},
-        "cold_cpu_ms": 1e3 * (c1 - c0) / len(cold) if sys_.procs and cold else None,
-        "warm_cpu_ms": 1e3 * (c3 - c2) / len(warm) if sys_.procs and warm else None,
+        "cold_cpu_ms": 1e3 * (c1[0] - c0[0]) / len(cold) if sys_.procs and cold else None,
+        "warm_cpu_ms": 1e3 * (c3[0] - c2[0]) / len(warm) if sys_.procs and warm else None,
+        "cold_wait_ms": 1e3 * (c1[1] - c0[1]) / len(cold) if sys_.procs and cold else None,
+        "warm_wait_ms": 1e3 * (c3[1] - c2[1]) / len(warm) if sys_.procs and warm else None,
     }
 
 
@@ -754,18 +768,20 @@ def report(env, results, extra):
     L.append("")
     L.append(f"- Date: {now:%Y-%m-%d %H:%M} (local time)")
     L.append(f"- Machine: {os.cpu_count()} cores, {cpu}, Linux {platform.release()}")
-    L.append(f"- Pinning: {env.pin_note}; all benchmark processes at niceness {env.nice}")
+    L.append(f"- Pinning: {env.pin_note}; all benchmark processes at {env.sched}")
     load_end = os.getloadavg()[0]
     busy = max(env.load_start, load_end) > 1.5
     L.append(f"- Load average (1 min) at start / end: {env.load_start:.2f} / {load_end:.2f}"
              + (" — **other work was running on the machine**: tail latencies (p90, p99) and "
-                "throughput are inflated by it; medians and CPU per request are the steadier figures"
+                "throughput are inflated by it; medians and CPU per request are the steadier figures "
+                "(on a shared machine, `--realtime` shields the servers)"
                 if busy else ""))
     L.append(f"- Tools: {env.versions}")
     L.append(f"- Command: `{env.command}`")
     L.append(f"- Mock upstream: nginx answering from memory: a fixed chat completion "
              f"({len(JSON_COMPLETION)} B) and a fixed SSE stream ({len(SSE_STREAM)} B, 6 events); "
-             f"slow streams and the 2 s summarizer come from `scripts/bench/slow_mock.py`.")
+             f"slow streams and the 2 s summarizer come from `scripts/bench/slow_mock.py`. The mocks report "
+             f"`usage.prompt_tokens: 0` (unknown), so that no fixed figure calibrates Compactor's token counter.")
     L.append(f"- Small request: `{json.dumps(SMALL)}` ({len(clients.json_body(SMALL))} B)")
     L.append(f"- Fixed rates: oha `-q RATE -c {env.oha_conns} --latency-correction`; saturation: wrk "
              f"`-t{env.wrk_threads} -c{env.wrk_conns}`; each {env.rounds} rounds of {env.seconds} s per "
@@ -833,16 +849,17 @@ def report(env, results, extra):
                  f"message new to the proxy; warm: the conversation the proxy has just seen, one turn "
                  f"longer (each sample one turn more). Sequential requests on one connection.")
         L.append("")
-        L.append("| 128k conversation + 1 turn | direct p50 (ms) | Compactor p50 / max (ms) | added p50 (ms) | Compactor CPU per request (ms) |")
+        L.append("| 128k conversation + 1 turn | direct p50 (ms) | Compactor p50 / max (ms) | added p50 (ms) | "
+                 "Compactor CPU / waiting for a CPU, per request (ms) |")
         L.append("|---|---|---|---|---|")
         for k, label in (("cold", f"cold (first time, {len(cl['cold'])} samples)"),
                          ("warm", f"warm (seen before, {len(cl['warm'])} samples)")):
             d = statistics.median(bl[k]) if bl and bl.get(k) else None
             c = statistics.median(cl[k]) if cl.get(k) else None
             added = f"{(c - d) * 1e3:+.2f}" if c is not None and d is not None else "n/a"
-            cpu = cl.get(f"{k}_cpu_ms")
+            cpu, wait = cl.get(f"{k}_cpu_ms"), cl.get(f"{k}_wait_ms")
             L.append(f"| {label} | {ms(d, 2)} | {ms(c, 2)} / {ms(max(cl[k]) if cl.get(k) else None, 2)} | {added} | "
-                     f"{'n/a' if cpu is None else f'{cpu:.2f}'} |")
+                     f"{'n/a' if cpu is None else f'{cpu:.2f}'} / {'n/a' if wait is None else f'{wait:.2f}'} |")
         for key, label in (("cold_headers", "cold"), ("headers", "warm")):
             if cl.get(key):
                 L.append("")
@@ -1004,6 +1021,11 @@ def main():
                     help="niceness for this run and everything it starts (inherited), so that other "
                          "work on the machine disturbs the measurements less (negative needs root; "
                          "ignored when not allowed)")
+    ap.add_argument("--realtime", action="store_true",
+                    help="run the servers (mocks and systems under test) under SCHED_RR priority 1 "
+                         "(root), so that other work on a shared machine cannot delay them; the load "
+                         "generators and clients stay at --nice; the kernel's real-time throttling "
+                         "still leaves others 5%% of a core")
     ap.add_argument("--oha-conns", type=int, default=32)
     ap.add_argument("--wrk-conns", type=int, default=64)
     ap.add_argument("--wrk-threads", type=int, default=0,
@@ -1020,7 +1042,7 @@ def main():
                         large_cold=a.large_cold, large_model=a.large_model, large_warm=a.large_warm,
                         summary_delay=a.summary_delay, compact_window=a.compact_window,
                         oha_conns=a.oha_conns, wrk_conns=a.wrk_conns, wrk_threads=a.wrk_threads)
-    env.command = "scripts/bench.sh" + ("" if len(sys.argv) == 1 else " " + " ".join(sys.argv[1:]))
+    env.command = os.environ.get("BENCH_COMMAND") or " ".join(["scripts/bench/run.py"] + sys.argv[1:])
     ncpu = len(os.sched_getaffinity(0))
     if a.pin == "split" and ncpu >= 2:
         cpus = sorted(os.sched_getaffinity(0))
@@ -1042,6 +1064,14 @@ def main():
     except OSError:
         pass
     env.nice = os.nice(0)
+    env.sched = f"niceness {env.nice}"
+    if a.realtime:
+        if subprocess.run(["chrt", "-r", "1", "true"], capture_output=True).returncode == 0:
+            Proc.server_prefix = ["chrt", "-r", "1"]
+            env.sched = (f"niceness {env.nice}; the servers (mocks, systems under test) under "
+                         f"SCHED_RR priority 1 (`--realtime`)")
+        else:
+            log(f"--realtime: not allowed; staying at niceness {env.nice}")
     want = {s.strip().lower() for s in a.systems.split(",")} | {"direct"}
     notes = []
 
@@ -1105,8 +1135,14 @@ def main():
         if "compactor" in want:
             if os.path.exists(a.compactor):
                 systems.append(Compactor(env))
-                rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
-                                     capture_output=True, text=True).stdout.strip() or "uncommitted"
+                # the revision of the tree the binary sits in (a worktree of its own, or this one)
+                tree = os.path.dirname(os.path.abspath(a.compactor))
+                rev = subprocess.run(["git", "-C", tree, "rev-parse", "--short", "HEAD"],
+                                     capture_output=True, text=True).stdout.strip() or "unknown revision"
+                if subprocess.run(["git", "-C", tree, "status", "--porcelain", "--", ":/src",
+                                   ":/Cargo.toml", ":/Cargo.lock"],
+                                  capture_output=True, text=True).stdout.strip():
+                    rev += " with uncommitted changes in src/"
                 versions.append(f"compactor {rev}")
             else:
                 notes.append(f"Compactor: n/a: feature missing (no binary at {a.compactor})")

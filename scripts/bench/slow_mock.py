@@ -30,7 +30,7 @@ COMPLETION = {
     "model": "mock", "system_fingerprint": "fp_mock",
     "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello from the mock."},
                  "logprobs": None, "finish_reason": "stop"}],
-    "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+    "usage": {"prompt_tokens": 0, "completion_tokens": 5, "total_tokens": 5},
 }
 
 SUMMARY_TEXT = (
@@ -43,7 +43,7 @@ SUMMARY_TEXT = (
 SUMMARY = dict(COMPLETION, id="chatcmpl-mock-summary",
                choices=[{"index": 0, "message": {"role": "assistant", "content": SUMMARY_TEXT},
                          "logprobs": None, "finish_reason": "stop"}],
-               usage={"prompt_tokens": 1000, "completion_tokens": 120, "total_tokens": 1120})
+               usage={"prompt_tokens": 0, "completion_tokens": 120, "total_tokens": 120})
 
 
 def chunk(i, content=None, finish=None):
