@@ -636,8 +636,9 @@ def measure_streaming(sys_, env, res):
 
 def measure_large(sys_, env, res, conv):
     """A ~128k-token real conversation plus one new turn: cold (never seen before) and warm (the
-    client's next request: the same conversation, which the proxy has seen, plus one turn). The
-    conversation's own model name is kept (its window and token counting apply)."""
+    client's next request: the same conversation, which the proxy has seen, plus one turn). Sent
+    as --large-model (default gpt-4.1, whose 1M window keeps this a measure-and-forward request),
+    or with the conversation's own model name."""
     model = env.large_model or conv["model"]
     msgs, tools = conv["messages"], conv["tools"]
     run_id = f"{os.getpid()}-{sys_.name}"
@@ -1182,8 +1183,15 @@ def main():
             log("Compactor: compaction with a 2 s summarizer")
             try:
                 window = a.compact_window
-                usable = window - 16384 - 1024
-                conv_soft = conversation.prefix(a.data, int(usable * 0.85))
+                try:
+                    with open(a.compactor_config, "rb") as f:
+                        comp = tomllib.load(f).get("compaction", {})
+                except OSError:
+                    comp = {}
+                usable = window - comp.get("reserve_output_tokens", 16384) - comp.get("margin_tokens", 1024)
+                soft = comp.get("soft_threshold", 0.75)
+                # between the soft threshold and the window; then past the window
+                conv_soft = conversation.prefix(a.data, int(usable * (soft + 1) / 2))
                 conv_hard = conversation.prefix(a.data, int(usable * 1.15))
                 extra["conv_soft"], extra["conv_hard"] = conv_soft, conv_hard
                 cr = measure_compaction(env, f"http://127.0.0.1:{env.slow_port}/slow-sse/v1/chat/completions",
