@@ -305,7 +305,8 @@ async fn checkpoints_survive_a_restart() {
 async fn tenants_never_share_checkpoints() {
     let mock = start_mock().await;
     let proxy = start_proxy(windowed(&mock, "agent-model", 4000)).await;
-    let session = big_session(10);
+    // Large enough to stay over the window after the first response calibrates the count.
+    let session = big_session(16);
     let a = send(&proxy, &session.body(false), "Bearer alice", &[]).await;
     let b = send(&proxy, &session.body(false), "Bearer bob", &[]).await;
     let (ida, idb) = (

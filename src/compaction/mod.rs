@@ -296,17 +296,41 @@ impl Engine {
         self.save_facts(model, facts).await;
     }
 
-    /// Records the provider's count of a prompt we counted as `counted_raw`.
-    pub async fn observe_usage(&self, model: &str, counted_raw: u64, prompt_tokens: u64) {
-        let (mut facts, _) = self.model_facts(model).await;
+    /// Records the provider's count of a prompt we counted as `counted_raw`. Runs on the
+    /// response path, so the common case (facts cached, factor unchanged) does no I/O and spawns
+    /// nothing; a changed factor is saved in the background.
+    pub fn observe_usage(self: &Arc<Self>, model: &str, counted_raw: u64, prompt_tokens: u64) {
+        let cached = self.facts.get(model).map(|entry| entry.0);
+        let Some(mut facts) = cached else {
+            // Not cached yet (the first response of a model): read through the store first.
+            let engine = self.clone();
+            let model = model.to_string();
+            tokio::spawn(async move {
+                engine.model_facts(&model).await;
+                if engine.facts.contains_key(&model) {
+                    engine.observe_usage(&model, counted_raw, prompt_tokens);
+                }
+            });
+            return;
+        };
         let previous = facts
             .calibration
             .unwrap_or_else(|| calibration::initial_factor(model));
-        let next = calibration::update(previous, counted_raw, prompt_tokens);
-        if (next - previous).abs() > 0.005 {
-            facts.calibration = Some(next);
-            self.save_facts(model, facts).await;
+        let mut next = calibration::update(previous, counted_raw, prompt_tokens);
+        if calibration::is_exact_family(model) {
+            // Counted with the model's own tokenizer: a lower figure from the provider means
+            // it counts differently (cached prefixes, gateways), not that we over-count.
+            next = next.max(1.0);
         }
+        if (next - previous).abs() <= 0.005 {
+            return;
+        }
+        facts.calibration = Some(next);
+        self.facts
+            .insert(model.to_string(), (facts, Instant::now()));
+        let engine = self.clone();
+        let model = model.to_string();
+        tokio::spawn(async move { engine.save_facts(&model, facts).await });
     }
 
     /// Measures a request and decides what to send. `overflow` is set when the provider just
@@ -1056,7 +1080,7 @@ impl Engine {
             .send(
                 http::Method::POST,
                 "/chat/completions",
-                &headers,
+                headers,
                 upstream::body_from(bytes),
             )
             .await

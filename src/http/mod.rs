@@ -196,9 +196,12 @@ async fn chat_inner(
         instructions: header_str(headers, "x-compactor-instructions"),
         force_usage: request.stream && app.calibrate_streams && !request.client_wants_usage,
     };
-    let mut outgoing = forwarded_headers(headers);
-    // Bodies come back uncompressed so usage can be read from them.
-    outgoing.remove(http::header::ACCEPT_ENCODING);
+    let outgoing = || {
+        let mut out = forwarded_headers(headers);
+        // Bodies come back uncompressed so usage can be read from them.
+        out.remove(http::header::ACCEPT_ENCODING);
+        out
+    };
     let prepared = app
         .engine
         .prepare(&context, &request, None)
@@ -206,7 +209,7 @@ async fn chat_inner(
         .map_err(|e| ApiError::ContextLength(e.to_string()))?;
     let mut upstream_time = Duration::ZERO;
     let (mut prepared, mut response) =
-        send_timed(app, &outgoing, prepared, &mut upstream_time).await?;
+        send_timed(app, outgoing(), prepared, &mut upstream_time).await?;
     if !response.status.is_success() {
         let error_body = response.read_body(4 * 1024 * 1024).await?;
         let overflow = overflow::classify(response.status.as_u16(), &error_body);
@@ -234,7 +237,7 @@ async fn chat_inner(
             .await
             .map_err(|e| ApiError::ContextLength(e.to_string()))?;
         let summary_before = prepared.outcome.summary_time;
-        (prepared, response) = send_timed(app, &outgoing, again, &mut upstream_time).await?;
+        (prepared, response) = send_timed(app, outgoing(), again, &mut upstream_time).await?;
         prepared.outcome.summary_time += summary_before;
         if !response.status.is_success() {
             let error_body = response.read_body(4 * 1024 * 1024).await?;
@@ -264,7 +267,7 @@ async fn chat_inner(
 
 async fn send_timed(
     app: &App,
-    headers: &HeaderMap,
+    headers: HeaderMap,
     mut prepared: Prepared,
     upstream_time: &mut Duration,
 ) -> Result<(Prepared, UpstreamResponse), ApiError> {
@@ -371,11 +374,8 @@ fn finish(
             let engine = app.engine.clone();
             let model = request.model.clone();
             let counted = outcome.sent_raw_tokens;
-            let sink: stream::UsageSink = Box::new(move |prompt_tokens| {
-                tokio::spawn(
-                    async move { engine.observe_usage(&model, counted, prompt_tokens).await },
-                );
-            });
+            let sink: stream::UsageSink =
+                Box::new(move |prompt_tokens| engine.observe_usage(&model, counted, prompt_tokens));
             let is_sse = headers
                 .get(http::header::CONTENT_TYPE)
                 .and_then(|v| v.to_str().ok())
@@ -454,7 +454,7 @@ async fn passthrough_inner(
         .send(
             method,
             &path_and_query,
-            &forwarded_headers(headers),
+            forwarded_headers(headers),
             upstream::body_from_stream(stream),
         )
         .await?;

@@ -23,6 +23,9 @@ pub struct Observed {
     inner: ByteStream,
     mode: ObserveMode,
     buffer: BytesMut,
+    /// A JSON body's chunks so far (reference-counted, not copied) and its length.
+    json_chunks: Vec<Bytes>,
+    json_len: usize,
     sink: Option<UsageSink>,
     prompt_tokens: Option<u64>,
 }
@@ -48,6 +51,8 @@ impl Observed {
             inner,
             mode,
             buffer: BytesMut::new(),
+            json_chunks: Vec::new(),
+            json_len: 0,
             sink: Some(sink),
             prompt_tokens: None,
         }
@@ -145,16 +150,41 @@ impl Drop for Observed {
             return;
         }
         if let ObserveMode::Json = self.mode {
-            self.prompt_tokens = self.prompt_tokens.or_else(|| json_usage(&self.buffer));
+            self.prompt_tokens = self.prompt_tokens.or_else(|| self.json_body_usage());
         }
         self.report();
     }
 }
 
+impl Observed {
+    /// `usage.prompt_tokens` of the JSON body seen so far, if it was complete and small enough.
+    fn json_body_usage(&self) -> Option<u64> {
+        if self.json_len > JSON_TAIL_LIMIT {
+            return None;
+        }
+        match self.json_chunks.as_slice() {
+            [single] => json_usage(single),
+            chunks => json_usage(&chunks.concat()),
+        }
+    }
+}
+
+/// Only the field we need is read; everything else is skipped without building values.
+#[derive(serde::Deserialize)]
+struct UsageOnly {
+    usage: Option<PromptTokens>,
+}
+
+#[derive(serde::Deserialize)]
+struct PromptTokens {
+    prompt_tokens: Option<u64>,
+}
+
 fn json_usage(body: &[u8]) -> Option<u64> {
-    serde_json::from_slice::<serde_json::Value>(body)
-        .ok()
-        .and_then(|v| v.get("usage")?.get("prompt_tokens")?.as_u64())
+    serde_json::from_slice::<UsageOnly>(body)
+        .ok()?
+        .usage?
+        .prompt_tokens
 }
 
 impl Stream for Observed {
@@ -167,8 +197,11 @@ impl Stream for Observed {
                 Poll::Ready(Some(Ok(chunk))) => {
                     let out = match self.mode {
                         ObserveMode::Json => {
-                            if self.buffer.len() + chunk.len() <= JSON_TAIL_LIMIT {
-                                self.buffer.extend_from_slice(&chunk);
+                            // Keep handles to the chunks (no copy) while the body is small
+                            // enough to read usage from.
+                            self.json_len += chunk.len();
+                            if self.json_len <= JSON_TAIL_LIMIT {
+                                self.json_chunks.push(chunk.clone());
                             }
                             chunk
                         }
@@ -183,8 +216,8 @@ impl Stream for Observed {
                 }
                 Poll::Ready(None) => {
                     if let ObserveMode::Json = self.mode {
-                        self.prompt_tokens = json_usage(&self.buffer);
-                        self.buffer.clear();
+                        self.prompt_tokens = self.json_body_usage();
+                        self.json_chunks.clear();
                     } else if !self.buffer.is_empty() {
                         // A final event without its blank line: forward it as it is.
                         let rest = self.buffer.split().freeze();

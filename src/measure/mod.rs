@@ -117,10 +117,10 @@ impl Meter {
         }
     }
 
-    /// Loads the tokenizers now rather than on the first request.
+    /// Loads the tokenizer most requests use now rather than on the first request. The legacy
+    /// one loads on first use: each costs tens of megabytes.
     pub fn warm_up() {
         Encoding::O200k.count("warm");
-        Encoding::Cl100k.count("warm");
     }
 
     pub fn measure(&self, request: &ChatRequest) -> Measured {

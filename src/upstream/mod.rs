@@ -132,11 +132,10 @@ impl Upstream {
         &self,
         method: Method,
         path_and_query: &str,
-        client_headers: &HeaderMap,
+        mut headers: HeaderMap,
         body: reqwest::Body,
     ) -> Result<UpstreamResponse, UpstreamError> {
         let url = format!("{}{}", self.base, path_and_query);
-        let mut headers = client_headers.clone();
         strip_hop_by_hop(&mut headers);
         headers.remove(http::header::HOST);
         headers.remove(http::header::CONTENT_LENGTH);
