@@ -5,22 +5,26 @@
 #   scripts/e2e.sh python pi          only these
 #
 # Steps: install the clients into the cache (once), build target/release/compactor
-# (`cargo build --release`, a no-op when up to date), start llama-server
-# (scripts/llama-server.sh) and Compactor on loopback, run the scenarios one after the other,
-# print a table of durations and compactions, and exit non-zero if any scenario failed.
+# (`cargo build --release`, a no-op when up to date), then for each window in use start
+# llama-server (scripts/llama-server.sh) with that window and a Compactor in front of it, run
+# that window's scenarios one after the other, stop both. At the end: a table of durations and
+# compactions, and a non-zero exit if any scenario failed.
+#
+# Windows: the SDK scenarios (python, node) run against a 2048-token window, so that a history
+# of three windows and several compactions take a few minutes on 2 cores; the agents (pi,
+# aider) against 4096 tokens, since Pi's own prompt and tools take about 1.4k.
 #
 # Environment (all optional):
-#   COMPACTOR_CACHE     cache for downloads, the model, venvs and npm packages
-#                       (default $HOME/.cache/compactor-e2e)
-#   COMPACTOR_BIN       use this binary and skip `cargo build` (default target/release/compactor)
-#   E2E_LLAMA_PORT      llama-server's port (default 18089)
-#   E2E_PORT            Compactor's port (default 18788)
-#   E2E_WINDOW          the model's window, llama-server's -c (default 4096)
-#   E2E_LOG_DIR         logs of every process and scenario (default target/e2e)
+#   COMPACTOR_CACHE       cache for downloads, the model, venvs and npm packages
+#                         (default $HOME/.cache/compactor-e2e)
+#   COMPACTOR_BIN         use this binary and skip `cargo build` (default target/release/compactor)
+#   E2E_SDK_WINDOW        window for python and node (default 2048)
+#   E2E_AGENT_WINDOW      window for pi and aider (default 4096)
+#   E2E_LLAMA_PORT        llama-server's port (default 18089)
+#   E2E_PORT              Compactor's port (default 18788)
+#   E2E_LOG_DIR           logs of every process and scenario (default target/e2e)
 #   E2E_SCENARIO_TIMEOUT  seconds one scenario may take (default 600)
-#   E2E_UPSTREAM        use an already running OpenAI-compatible server (…/v1) instead of
-#                       starting llama-server
-#   PYTHON              python3 used to create the venvs (3.10–3.12 for aider)
+#   PYTHON                python3 used to create the venvs (3.10–3.12 for aider)
 set -euo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -30,7 +34,8 @@ export COMPACTOR_CACHE="$CACHE"
 PYTHON="${PYTHON:-python3}"
 LLAMA_PORT="${E2E_LLAMA_PORT:-18089}"
 PORT="${E2E_PORT:-18788}"
-WINDOW="${E2E_WINDOW:-4096}"
+SDK_WINDOW="${E2E_SDK_WINDOW:-2048}"
+AGENT_WINDOW="${E2E_AGENT_WINDOW:-4096}"
 LOGS="${E2E_LOG_DIR:-$root/target/e2e}"
 TIMEOUT="${E2E_SCENARIO_TIMEOUT:-600}"
 MODEL="qwen2.5-coder-0.5b-instruct"
@@ -47,10 +52,12 @@ for s in "${scenarios[@]}"; do
   case "$s" in python|node|pi|aider) ;; *) echo "unknown scenario $s (python node pi aider)" >&2; exit 2 ;; esac
 done
 wants() { local s; for s in "${scenarios[@]}"; do [[ "$s" == "$1" ]] && return 0; done; return 1; }
+window_of() { case "$1" in python|node) echo "$SDK_WINDOW" ;; *) echo "$AGENT_WINDOW" ;; esac; }
 
 say() { echo "e2e: $*" >&2; }
 mkdir -p "$CACHE" "$LOGS"
-rm -f "$LOGS"/*.log
+rm -f "$LOGS"/*.log "$LOGS"/*.toml "$LOGS"/*.out "$LOGS"/*.jsonl "$LOGS"/*.err
+started=$SECONDS
 
 # ---- clients, installed once into the cache ---------------------------------------------
 venv_with() { # dir packages…: a venv holding exactly these pins (stamped)
@@ -82,13 +89,16 @@ npm_with() { # dir packages…
   echo "$stamp" >"$dir/.e2e-stamp"
 }
 
-t_setup=$SECONDS
-if wants python || wants pi || wants aider || wants node; then
-  venv_with "$CACHE/venv" "${PY_PACKAGES[@]}"
-fi
+t0=$SECONDS
+venv_with "$CACHE/venv" "${PY_PACKAGES[@]}"
 wants aider && venv_with "$CACHE/venv-aider" "${AIDER_PACKAGES[@]}"
 if wants node || wants pi; then npm_with "$CACHE/node" "${NPM_PACKAGES[@]}"; fi
-say "clients ready ($((SECONDS - t_setup))s)"
+say "clients ready ($((SECONDS - t0))s)"
+
+# The server and the model, fetched (or built) once; a no-op when cached.
+t0=$SECONDS
+"$root/scripts/llama-server.sh" fetch
+say "llama-server and model ready ($((SECONDS - t0))s)"
 
 # ---- the proxy -----------------------------------------------------------------------------
 if [[ -n "${COMPACTOR_BIN:-}" ]]; then
@@ -100,48 +110,54 @@ else
 fi
 [[ -x "$BIN" ]] || { say "no compactor binary at $BIN"; exit 1; }
 
-# ---- processes, stopped on exit ----------------------------------------------------------
-pids=()
-cleanup() {
-  local rc=$?
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  [[ -z "${E2E_UPSTREAM:-}" ]] && "$root/scripts/llama-server.sh" stop "$LLAMA_PORT" 2>/dev/null || true
-  exit $rc
-}
-trap cleanup EXIT INT TERM
-
-if [[ -n "${E2E_UPSTREAM:-}" ]]; then
-  UPSTREAM="$E2E_UPSTREAM"
-else
-  t0=$SECONDS
-  out="$(LLAMA_CTX="$WINDOW" LLAMA_ALIAS="$MODEL" LLAMA_LOG="$LOGS/llama-server.log" \
-    "$root/scripts/llama-server.sh" start "$LLAMA_PORT")"
-  eval "$out"
-  UPSTREAM="$LLAMA_URL"
-  say "llama-server ready at $UPSTREAM ($((SECONDS - t0))s)"
-fi
-
-config="$LOGS/compactor.toml"
-sed -E "s/^(\"qwen2.5-coder-0.5b\" = )[0-9]+/\1$WINDOW/" "$root/tests/e2e/compactor.e2e.toml" >"$config"
-COMPACTOR_LOG_FILE="$LOGS/compactor.log"
-# Only the e2e configuration counts: drop COMPACTOR_* overrides from the caller's environment.
-env $(env | grep -o '^COMPACTOR_[A-Z_]*' | grep -v '^COMPACTOR_CACHE$' | sed 's/^/-u /') \
-  "$BIN" serve --listen "127.0.0.1:$PORT" --upstream "$UPSTREAM" --config "$config" \
-  >"$COMPACTOR_LOG_FILE" 2>&1 &
-pids+=($!)
-for _ in $(seq 100); do
-  if "$PYTHON" -c "import urllib.request,sys; urllib.request.urlopen('http://127.0.0.1:$PORT/healthz', timeout=1)" 2>/dev/null; then
-    break
+# ---- one stack (llama-server + Compactor) per window, stopped on exit ---------------------
+compactor_pid=""
+stop_stack() {
+  if [[ -n "$compactor_pid" ]]; then
+    kill "$compactor_pid" 2>/dev/null || true
+    wait "$compactor_pid" 2>/dev/null || true
+    compactor_pid=""
   fi
-  kill -0 "${pids[-1]}" 2>/dev/null || { tail -20 "$COMPACTOR_LOG_FILE" >&2; say "compactor exited"; exit 1; }
-  sleep 0.2
-done
-say "compactor ready at http://127.0.0.1:$PORT/v1 (log: $COMPACTOR_LOG_FILE)"
+  "$root/scripts/llama-server.sh" stop "$LLAMA_PORT" 2>/dev/null || true
+}
+trap 'rc=$?; stop_stack; exit $rc' EXIT
+trap 'exit 130' INT TERM
+
+start_stack() { # window
+  local window="$1" t0=$SECONDS out
+  # Two slots of `window` tokens each: the proxy's summary requests get their own slot, so the
+  # conversation's prompt cache survives them.
+  out="$(LLAMA_CTX="$window" LLAMA_PARALLEL=2 LLAMA_ALIAS="$MODEL" \
+    LLAMA_LOG="$LOGS/llama-server-$window.log" "$root/scripts/llama-server.sh" start "$LLAMA_PORT")"
+  eval "$out"
+  say "llama-server ($window-token window) ready at $LLAMA_URL ($((SECONDS - t0))s)"
+
+  local config="$LOGS/compactor-$window.toml"
+  sed -E "s/^(\"qwen2.5-coder-0.5b\" = )[0-9]+/\1$window/" "$root/tests/e2e/compactor.e2e.toml" >"$config"
+  COMPACTOR_LOG_FILE="$LOGS/compactor-$window.log"
+  # Only the e2e configuration counts: drop COMPACTOR_* overrides from the caller's environment.
+  # shellcheck disable=SC2046
+  env $(env | grep -o '^COMPACTOR_[A-Z_]*' | grep -v '^COMPACTOR_CACHE$' | sed 's/^/-u /') \
+    "$BIN" serve --listen "127.0.0.1:$PORT" --upstream "$LLAMA_URL" --config "$config" \
+    >"$COMPACTOR_LOG_FILE" 2>&1 &
+  compactor_pid=$!
+  local i
+  for i in $(seq 100); do
+    if "$PYTHON" -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$PORT/healthz', timeout=1)" 2>/dev/null; then
+      break
+    fi
+    kill -0 "$compactor_pid" 2>/dev/null || { tail -20 "$COMPACTOR_LOG_FILE" >&2; say "compactor exited"; return 1; }
+    [[ $i -lt 100 ]] || { say "compactor not healthy"; return 1; }
+    sleep 0.2
+  done
+  say "compactor ready at http://127.0.0.1:$PORT/v1 (log: $COMPACTOR_LOG_FILE)"
+  export COMPACTOR_URL="http://127.0.0.1:$PORT/v1"
+  export E2E_COMPACTOR_LOG="$COMPACTOR_LOG_FILE"
+  export E2E_WINDOW="$window"
+}
 
 # ---- scenarios -----------------------------------------------------------------------------
-export COMPACTOR_URL="http://127.0.0.1:$PORT/v1"
-export E2E_COMPACTOR_LOG="$COMPACTOR_LOG_FILE"
-export E2E_MODEL="$MODEL" E2E_WINDOW="$WINDOW" E2E_ADMIN_TOKEN="$ADMIN_TOKEN"
+export E2E_MODEL="$MODEL" E2E_ADMIN_TOKEN="$ADMIN_TOKEN" E2E_LOG_DIR="$LOGS"
 export E2E_PYTHON="$CACHE/venv/bin/python"
 export NODE_PATH="$CACHE/node/node_modules"
 export PI_BIN="$CACHE/node/node_modules/.bin/pi"
@@ -149,14 +165,21 @@ export AIDER_BIN="$CACHE/venv-aider/bin/aider"
 
 declare -A status seconds results
 failed=0
+current_window=""
 for s in "${scenarios[@]}"; do
+  window="$(window_of "$s")"
+  if [[ "$window" != "$current_window" ]]; then
+    stop_stack
+    start_stack "$window"
+    current_window="$window"
+  fi
   case "$s" in
     python) cmd=("$CACHE/venv/bin/python" "$root/tests/e2e/scenario_openai_python.py") ;;
     node) cmd=(node "$root/tests/e2e/scenario_openai_node.cjs") ;;
     pi) cmd=(bash "$root/tests/e2e/scenario_pi.sh") ;;
     aider) cmd=(bash "$root/tests/e2e/scenario_aider.sh") ;;
   esac
-  say "scenario $s: ${cmd[*]}"
+  say "scenario $s (window $window): ${cmd[*]}"
   t0=$SECONDS
   set +e
   timeout --kill-after=10 "$TIMEOUT" "${cmd[@]}" 2>&1 | tee "$LOGS/scenario-$s.log"
@@ -174,10 +197,11 @@ for s in "${scenarios[@]}"; do
     tail -15 "$COMPACTOR_LOG_FILE" >&2 || true
   fi
 done
+stop_stack
 
 # ---- report --------------------------------------------------------------------------------
 echo
-echo "e2e results (window $WINDOW tokens, model $MODEL, logs in $LOGS):"
+echo "e2e results (model $MODEL, logs in $LOGS, $((SECONDS - started))s in all):"
 printf '  %-7s %-22s %8s  %s\n' scenario status seconds "details"
 for s in "${scenarios[@]}"; do
   printf '  %-7s %-22s %8s  %s\n' "$s" "${status[$s]}" "${seconds[$s]}" "${results[$s]}"

@@ -13,8 +13,10 @@
 #   COMPACTOR_CACHE      cache directory (default $HOME/.cache/compactor-e2e)
 #   LLAMA_PORT           port (default 8089; the positional PORT wins)
 #   LLAMA_HOST           listen address (default 127.0.0.1)
-#   LLAMA_CTX            context window in tokens, passed as -c (default 4096)
-#   LLAMA_PARALLEL       server slots, -np (default 1: the whole window for one request)
+#   LLAMA_CTX            context window of one request, in tokens (default 4096)
+#   LLAMA_PARALLEL       server slots, -np (default 1). Each slot gets its own LLAMA_CTX
+#                        window and prompt cache (-c LLAMA_CTX*LLAMA_PARALLEL, KV not unified),
+#                        so a proxy's summary request does not evict the conversation's cache
 #   LLAMA_ALIAS          model name served by the API (default qwen2.5-coder-0.5b-instruct)
 #   LLAMA_LOG            log file (default $COMPACTOR_CACHE/logs/llama-server-$PORT.log)
 #   LLAMA_START_TIMEOUT  seconds to wait for /health (default 180)
@@ -235,8 +237,9 @@ launch() {
   local bin="$1" model="$2" port="$3"
   local logf="${LLAMA_LOG:-$CACHE/logs/llama-server-$port.log}"
   mkdir -p "$(dirname "$logf")" "$CACHE/run"
+  local slots="${LLAMA_PARALLEL:-1}"
   local args=(-m "$model" --host "${LLAMA_HOST:-127.0.0.1}" --port "$port"
-              -c "${LLAMA_CTX:-4096}" -np "${LLAMA_PARALLEL:-1}"
+              -c "$((${LLAMA_CTX:-4096} * slots))" -np "$slots" --no-kv-unified
               --alias "${LLAMA_ALIAS:-qwen2.5-coder-0.5b-instruct}" --no-webui)
   # shellcheck disable=SC2206
   [[ -n "${LLAMA_EXTRA_ARGS:-}" ]] && args+=(${LLAMA_EXTRA_ARGS})

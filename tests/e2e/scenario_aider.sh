@@ -8,19 +8,21 @@
 # out of the way with a large --max-chat-history-tokens (the proxy does that job here).
 #
 # Environment: COMPACTOR_URL (with /v1), E2E_COMPACTOR_LOG (Compactor's JSON log), AIDER_BIN,
-# E2E_WINDOW, E2E_MODEL, E2E_AIDER_MESSAGES (default 7), E2E_AIDER_MAX_TOKENS (default 48),
+# E2E_WINDOW, E2E_MODEL, E2E_AIDER_MESSAGES (default 5), E2E_AIDER_MAX_TOKENS (default 96),
+# E2E_LOG_DIR (aider's output of each message is kept there),
 # E2E_PYTHON, E2E_ADMIN_TOKEN.
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
 : "${COMPACTOR_URL:?}" "${E2E_COMPACTOR_LOG:?}" "${AIDER_BIN:?}" "${E2E_WINDOW:?}"
 model="${E2E_MODEL:-qwen2.5-coder-0.5b-instruct}"
-messages="${E2E_AIDER_MESSAGES:-7}"
+messages="${E2E_AIDER_MESSAGES:-5}"
 py="${E2E_PYTHON:-python3}"
 started=$SECONDS
 
 work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
+keep="${E2E_LOG_DIR:-}"
+trap '[[ -n "$keep" ]] && cp "$work"/aider-*.out "$keep"/ 2>/dev/null; rm -rf "$work"' EXIT
 export HOME="$work/home"
 # litellm would otherwise try to fetch its model price list from the internet at import.
 export LITELLM_LOCAL_MODEL_COST_MAP=True
@@ -33,7 +35,7 @@ cat >"$work/model-settings.yml" <<EOF
   edit_format: whole
   use_repo_map: false
   extra_params:
-    max_tokens: ${E2E_AIDER_MAX_TOKENS:-48}
+    max_tokens: ${E2E_AIDER_MAX_TOKENS:-96}
     temperature: 0
 EOF
 cat >"$work/model-metadata.json" <<EOF

@@ -10,19 +10,21 @@
 # tokens a prompt. Only read-only tools are enabled, in case the model does call one.
 #
 # Environment: COMPACTOR_URL (with /v1), E2E_COMPACTOR_LOG (Compactor's JSON log), PI_BIN,
-# E2E_WINDOW (the model's window), E2E_MODEL, E2E_PI_PROMPTS (default 8),
-# E2E_PI_MAX_TOKENS (default 64), E2E_PYTHON, E2E_ADMIN_TOKEN.
+# E2E_WINDOW (the model's window), E2E_MODEL, E2E_PI_PROMPTS (default 6),
+# E2E_PI_MAX_TOKENS (default 64), E2E_PYTHON, E2E_ADMIN_TOKEN, E2E_LOG_DIR (Pi's event
+# stream of each prompt is kept there).
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
 : "${COMPACTOR_URL:?}" "${E2E_COMPACTOR_LOG:?}" "${PI_BIN:?}" "${E2E_WINDOW:?}"
 model="${E2E_MODEL:-qwen2.5-coder-0.5b-instruct}"
-prompts="${E2E_PI_PROMPTS:-8}"
+prompts="${E2E_PI_PROMPTS:-6}"
 py="${E2E_PYTHON:-python3}"
 started=$SECONDS
 
 work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
+keep="${E2E_LOG_DIR:-}"
+trap '[[ -n "$keep" ]] && cp "$work"/pi-*.jsonl "$work"/pi-*.err "$keep"/ 2>/dev/null; rm -rf "$work"' EXIT
 export HOME="$work/home"
 export PI_CODING_AGENT_DIR="$HOME/.pi/agent"
 export PI_OFFLINE=1 PI_TELEMETRY=0
