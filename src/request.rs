@@ -4,6 +4,9 @@
 //! Messages and `tools` are never re-serialized: the rewritten body splices their original bytes,
 //! so what the client sent reaches the provider byte for byte.
 
+use std::borrow::Cow;
+use std::sync::OnceLock;
+
 use indexmap::IndexMap;
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -91,11 +94,19 @@ pub struct ToolCall {
     pub arguments: String,
 }
 
-/// One message: its original bytes and the parts of it compaction reads.
+/// One message: its original bytes, its role, and (read on first use) the rest of what
+/// compaction looks at. Most requests only need roles and hashes: messages seen before are
+/// never decoded again.
 #[derive(Debug, Clone)]
 pub struct Message {
     pub raw: Box<RawValue>,
     pub role: Role,
+    view: OnceLock<MessageView>,
+}
+
+/// A message's content as compaction reads it.
+#[derive(Debug, Clone, Default)]
+pub struct MessageView {
     /// Text of the content (string content, or the text parts joined by newlines).
     pub text: String,
     /// Number of image (or other non-text media) parts.
@@ -119,34 +130,144 @@ pub struct ChatRequest {
     pub client_wants_usage: bool,
 }
 
+/// What every message is checked for when the request arrives.
 #[derive(Deserialize)]
-struct RawMessage<'a> {
+struct RawRole<'a> {
     #[serde(borrow)]
     role: Option<&'a RawValue>,
-    #[serde(default)]
-    content: Option<serde_json::Value>,
+}
+
+/// The rest, read on demand.
+#[derive(Deserialize)]
+struct RawMessage<'a> {
+    /// Kept raw: read below without building a JSON tree of the content.
+    #[serde(default, borrow)]
+    content: Option<&'a RawValue>,
     #[serde(default)]
     name: Option<String>,
-    #[serde(default)]
-    tool_calls: Option<Vec<RawToolCall>>,
+    #[serde(default, borrow)]
+    tool_calls: Option<Vec<RawToolCall<'a>>>,
     #[serde(default)]
     tool_call_id: Option<String>,
 }
 
 #[derive(Deserialize)]
-struct RawToolCall {
-    #[serde(default)]
-    id: Option<String>,
-    #[serde(default)]
-    function: Option<RawFunction>,
+struct RawPart<'a> {
+    #[serde(default, borrow)]
+    text: Option<Cow<'a, str>>,
 }
 
 #[derive(Deserialize)]
-struct RawFunction {
+struct RawToolCall<'a> {
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default, borrow)]
+    function: Option<RawFunction<'a>>,
+}
+
+#[derive(Deserialize)]
+struct RawFunction<'a> {
     #[serde(default)]
     name: Option<String>,
-    #[serde(default)]
-    arguments: Option<serde_json::Value>,
+    #[serde(default, borrow)]
+    arguments: Option<&'a RawValue>,
+}
+
+/// The text of a JSON string value, or the JSON itself for anything else.
+fn string_or_json(raw: &RawValue) -> String {
+    serde_json::from_str::<String>(raw.get()).unwrap_or_else(|_| raw.get().to_string())
+}
+
+/// The body's top level: `messages` split into its elements, every other field kept raw (with
+/// a placeholder marking where `messages` stood).
+struct TopLevel {
+    fields: IndexMap<String, Box<RawValue>>,
+    messages: Option<Messages>,
+}
+
+enum Messages {
+    Array(Vec<Box<RawValue>>),
+    NotArray,
+}
+
+impl<'de> Deserialize<'de> for TopLevel {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct TopVisitor;
+        impl<'de> serde::de::Visitor<'de> for TopVisitor {
+            type Value = TopLevel;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<TopLevel, A::Error> {
+                let mut fields = IndexMap::new();
+                let mut messages = None;
+                while let Some(key) = map.next_key::<String>()? {
+                    if key == "messages" {
+                        messages = Some(map.next_value::<Messages>()?);
+                        fields.insert(key, RawValue::NULL.to_owned());
+                    } else {
+                        fields.insert(key, map.next_value::<Box<RawValue>>()?);
+                    }
+                }
+                Ok(TopLevel { fields, messages })
+            }
+        }
+        deserializer.deserialize_map(TopVisitor)
+    }
+}
+
+impl<'de> Deserialize<'de> for Messages {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct MessagesVisitor;
+        impl<'de> serde::de::Visitor<'de> for MessagesVisitor {
+            type Value = Messages;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Messages, A::Error> {
+                let mut list = Vec::with_capacity(seq.size_hint().unwrap_or(16));
+                while let Some(message) = seq.next_element::<Box<RawValue>>()? {
+                    list.push(message);
+                }
+                Ok(Messages::Array(list))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Messages, A::Error> {
+                while map
+                    .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
+                    .is_some()
+                {}
+                Ok(Messages::NotArray)
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Messages, E> {
+                Ok(Messages::NotArray)
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<Messages, E> {
+                Ok(Messages::NotArray)
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<Messages, E> {
+                Ok(Messages::NotArray)
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Messages, E> {
+                Ok(Messages::NotArray)
+            }
+            fn visit_str<E>(self, _: &str) -> Result<Messages, E> {
+                Ok(Messages::NotArray)
+            }
+            fn visit_unit<E>(self) -> Result<Messages, E> {
+                Ok(Messages::NotArray)
+            }
+        }
+        deserializer.deserialize_any(MessagesVisitor)
+    }
 }
 
 fn json_error(e: serde_json::Error) -> RequestError {
@@ -165,15 +286,18 @@ fn json_error(e: serde_json::Error) -> RequestError {
 
 impl ChatRequest {
     pub fn parse(body: &[u8]) -> Result<ChatRequest, RequestError> {
-        // Validate syntax first so errors name a line and column even for non-objects.
-        let fields: IndexMap<String, Box<RawValue>> = match serde_json::from_slice(body) {
-            Ok(f) => f,
+        // One pass over the body: each message is copied out once, everything else is kept as
+        // raw JSON. Syntax errors are reported with their line and column even for bodies that
+        // are not objects.
+        let top: TopLevel = match serde_json::from_slice(body) {
+            Ok(top) => top,
             Err(e) if e.is_data() => {
                 serde_json::from_slice::<serde::de::IgnoredAny>(body).map_err(json_error)?;
                 return Err(RequestError::NotObject);
             }
             Err(e) => return Err(json_error(e)),
         };
+        let fields = top.fields;
         let model = match fields.get("model") {
             None => return Err(RequestError::Missing("model")),
             Some(raw) => {
@@ -183,14 +307,15 @@ impl ChatRequest {
                 })?
             }
         };
-        let raw_messages = match fields.get("messages") {
+        let raw_messages = match top.messages {
             None => return Err(RequestError::Missing("messages")),
-            Some(raw) => serde_json::from_str::<Vec<Box<RawValue>>>(raw.get()).map_err(|_| {
-                RequestError::Type {
+            Some(Messages::NotArray) => {
+                return Err(RequestError::Type {
                     field: "messages",
                     expected: "an array",
-                }
-            })?,
+                })
+            }
+            Some(Messages::Array(list)) => list,
         };
         let messages = raw_messages
             .into_iter()
@@ -300,67 +425,81 @@ fn write_key(out: &mut Vec<u8>, key: &str) {
 }
 
 impl Message {
+    /// Checks that `raw` is a message object with a string role.
     pub fn parse(raw: Box<RawValue>) -> Result<Message, String> {
-        let parsed: RawMessage = serde_json::from_str(raw.get()).map_err(|e| {
-            let s = e.to_string();
-            if s.contains("invalid type: ") && !raw.get().trim_start().starts_with('{') {
-                "expected an object".to_string()
-            } else {
-                s
-            }
-        })?;
+        if !raw.get().trim_start().starts_with('{') {
+            return Err("expected an object".into());
+        }
+        let parsed: RawRole = serde_json::from_str(raw.get()).map_err(|e| e.to_string())?;
         let role = match parsed.role {
             None => return Err("missing 'role'".into()),
-            Some(r) => serde_json::from_str::<String>(r.get())
+            Some(r) => serde_json::from_str::<Cow<str>>(r.get())
                 .map_err(|_| "'role' must be a string".to_string())?,
         };
-        let mut text = String::new();
-        let mut media_parts = 0;
-        match &parsed.content {
-            Some(serde_json::Value::String(s)) => text.push_str(s),
-            Some(serde_json::Value::Array(parts)) => {
+        Ok(Message {
+            role: Role::parse(&role),
+            raw,
+            view: OnceLock::new(),
+        })
+    }
+
+    /// Content, name and tool calls, decoded on first use.
+    pub fn view(&self) -> &MessageView {
+        self.view.get_or_init(|| MessageView::read(&self.raw))
+    }
+}
+
+impl MessageView {
+    /// Reads what it can; content of an unexpected shape counts as no text.
+    fn read(raw: &RawValue) -> MessageView {
+        let Ok(parsed) = serde_json::from_str::<RawMessage>(raw.get()) else {
+            return MessageView::default();
+        };
+        let mut view = MessageView {
+            name: parsed.name,
+            tool_call_id: parsed.tool_call_id,
+            ..MessageView::default()
+        };
+        match parsed
+            .content
+            .map(|c| (c, c.get().trim_start().as_bytes().first().copied()))
+        {
+            Some((content, Some(b'"'))) => {
+                view.text = serde_json::from_str::<String>(content.get()).unwrap_or_default();
+            }
+            Some((content, Some(b'['))) => {
+                let parts: Vec<RawPart> = serde_json::from_str(content.get()).unwrap_or_default();
                 for part in parts {
-                    if let Some(t) = part.get("text").and_then(|t| t.as_str()) {
-                        if !text.is_empty() {
-                            text.push('\n');
+                    match part.text {
+                        Some(t) => {
+                            if !view.text.is_empty() {
+                                view.text.push('\n');
+                            }
+                            view.text.push_str(&t);
                         }
-                        text.push_str(t);
-                    } else if part.is_object() {
-                        media_parts += 1;
+                        None => view.media_parts += 1,
                     }
                 }
             }
             _ => {}
         }
-        let tool_calls = parsed
+        view.tool_calls = parsed
             .tool_calls
             .unwrap_or_default()
             .into_iter()
             .map(|c| {
-                let function = c.function.unwrap_or(RawFunction {
-                    name: None,
-                    arguments: None,
-                });
+                let (name, arguments) = match c.function {
+                    Some(f) => (f.name, f.arguments),
+                    None => (None, None),
+                };
                 ToolCall {
                     id: c.id.unwrap_or_default(),
-                    name: function.name.unwrap_or_default(),
-                    arguments: match function.arguments {
-                        Some(serde_json::Value::String(s)) => s,
-                        Some(other) => other.to_string(),
-                        None => String::new(),
-                    },
+                    name: name.unwrap_or_default(),
+                    arguments: arguments.map(string_or_json).unwrap_or_default(),
                 }
             })
             .collect();
-        Ok(Message {
-            role: Role::parse(&role),
-            text,
-            media_parts,
-            name: parsed.name,
-            tool_calls,
-            tool_call_id: parsed.tool_call_id,
-            raw,
-        })
+        view
     }
 }
 
@@ -439,9 +578,14 @@ mod tests {
         )
         .unwrap();
         assert_eq!(req.max_output_tokens, Some(50));
-        assert_eq!(req.messages[0].media_parts, 1);
-        assert_eq!(req.messages[1].tool_calls[0].name, "read");
+        assert_eq!(req.messages[0].view().media_parts, 1);
+        assert_eq!(req.messages[0].view().text, "look");
+        assert_eq!(req.messages[1].view().tool_calls[0].name, "read");
+        assert_eq!(
+            req.messages[1].view().tool_calls[0].arguments,
+            r#"{"path":"a.rs"}"#
+        );
         assert_eq!(req.messages[2].role, Role::Tool);
-        assert_eq!(req.messages[2].tool_call_id.as_deref(), Some("c1"));
+        assert_eq!(req.messages[2].view().tool_call_id.as_deref(), Some("c1"));
     }
 }

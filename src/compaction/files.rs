@@ -72,7 +72,7 @@ impl FileOps {
     /// Adds the files touched by the tool calls of `messages`.
     pub fn collect<'a>(&mut self, messages: impl IntoIterator<Item = &'a Message>) {
         for message in messages {
-            for call in &message.tool_calls {
+            for call in &message.view().tool_calls {
                 let Ok(args) = serde_json::from_str::<Value>(&call.arguments) else {
                     continue;
                 };

@@ -83,7 +83,7 @@ pub fn rewrite<'a>(
             let raw = match cut {
                 Some(t) => Cow::Owned(truncate_content(
                     &message.raw,
-                    &message.text,
+                    &message.view().text,
                     message_tokens.get(i).copied(),
                     t,
                 )),

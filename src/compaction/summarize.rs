@@ -57,14 +57,15 @@ pub fn transcript_entry(message: &Message) -> String {
     } else {
         TRANSCRIPT_MESSAGE_CHARS
     };
-    let text = shorten(&message.text, limit);
+    let view = message.view();
+    let text = shorten(&view.text, limit);
     let mut entry = String::new();
     match message.role {
         Role::Tool | Role::Other => {
-            let label = message
+            let label = view
                 .name
                 .as_deref()
-                .or(message.tool_call_id.as_deref())
+                .or(view.tool_call_id.as_deref())
                 .unwrap_or("tool");
             entry.push_str(&format!("[tool result {label}]\n{text}\n"));
         }
@@ -72,14 +73,14 @@ pub fn transcript_entry(message: &Message) -> String {
             if !text.is_empty() {
                 entry.push_str(&format!("[{}]\n{text}\n", role.as_str()));
             }
-            if message.media_parts > 0 {
+            if view.media_parts > 0 {
                 entry.push_str(&format!(
                     "[{} attached {} image(s)]\n",
                     role.as_str(),
-                    message.media_parts
+                    view.media_parts
                 ));
             }
-            for call in &message.tool_calls {
+            for call in &view.tool_calls {
                 let args = shorten(&call.arguments, TRANSCRIPT_RESULT_CHARS);
                 entry.push_str(&format!(
                     "[assistant calls {} ({})]\n{args}\n",

@@ -132,7 +132,7 @@ impl Meter {
             .collect();
         let tools_tokens = request
             .tools_raw()
-            .map(|raw| encoding.count(raw) + TOKENS_FOR_TOOLS)
+            .map(|raw| self.tools(encoding, raw))
             .sum();
         Measured {
             encoding,
@@ -158,7 +158,26 @@ impl Meter {
         facts
     }
 
-    /// Number of messages currently cached (for tests and metrics).
+    /// Tokens of a tool definitions block; agents resend the same block with every request, so
+    /// it is cached like a message.
+    fn tools(&self, encoding: Encoding, raw: &str) -> u64 {
+        let key = (
+            encoding.index() | 0x80,
+            *blake3::hash(raw.as_bytes()).as_bytes(),
+        );
+        if let Some(found) = self.cache.get(&key) {
+            return found.tokens;
+        }
+        let tokens = encoding.count(raw) + TOKENS_FOR_TOOLS;
+        let facts = MessageFacts {
+            canonical: key.1,
+            tokens,
+        };
+        self.cache.insert(key, facts);
+        tokens
+    }
+
+    /// Number of entries currently cached (messages and tool blocks; for tests and metrics).
     pub fn cached(&self) -> usize {
         self.cache.len()
     }
@@ -166,19 +185,20 @@ impl Meter {
 
 /// Tokens of one message, without the cache.
 pub fn count_message(encoding: Encoding, message: &Message) -> u64 {
+    let view = message.view();
     let mut tokens =
-        TOKENS_PER_MESSAGE + encoding.count(message.role.as_str()) + encoding.count(&message.text);
-    if let Some(name) = &message.name {
+        TOKENS_PER_MESSAGE + encoding.count(message.role.as_str()) + encoding.count(&view.text);
+    if let Some(name) = &view.name {
         tokens += TOKENS_PER_NAME + encoding.count(name);
     }
-    for call in &message.tool_calls {
+    for call in &view.tool_calls {
         tokens +=
             TOKENS_PER_TOOL_CALL + encoding.count(&call.name) + encoding.count(&call.arguments);
     }
-    if let Some(id) = &message.tool_call_id {
+    if let Some(id) = &view.tool_call_id {
         tokens += encoding.count(id);
     }
-    tokens + message.media_parts as u64 * TOKENS_PER_MEDIA_PART
+    tokens + view.media_parts as u64 * TOKENS_PER_MEDIA_PART
 }
 
 #[cfg(test)]
