@@ -48,7 +48,9 @@ pub fn build_with_store(
     } else {
         &config.summarizer.upstream
     };
-    let summary_upstream = upstream.with_base(summary_base, config.summarizer_key());
+    let summary_upstream = upstream
+        .with_base(summary_base, config.summarizer_key())
+        .map_err(|e| e.to_string())?;
     let metrics = Arc::new(Metrics::default());
     let engine = Arc::new(Engine::new(
         config.compaction.clone(),

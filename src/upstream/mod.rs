@@ -86,7 +86,8 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 #[derive(Clone)]
 pub struct Upstream {
     client: reqwest::Client,
-    base: String,
+    /// Parsed once: building each request's URL from it is cheaper than parsing a string.
+    base: reqwest::Url,
     key: Option<String>,
     first_byte_timeout: Duration,
 }
@@ -106,20 +107,36 @@ impl Upstream {
             .map_err(|e| UpstreamError::Unreachable(e.to_string()))?;
         Ok(Upstream {
             client,
-            base: base.trim_end_matches('/').to_string(),
+            base: parse_base(base)?,
             key,
             first_byte_timeout,
         })
     }
 
     /// The same client and timeouts, aimed at another base URL and key.
-    pub fn with_base(&self, base: &str, key: Option<String>) -> Upstream {
-        Upstream {
+    pub fn with_base(&self, base: &str, key: Option<String>) -> Result<Upstream, UpstreamError> {
+        Ok(Upstream {
             client: self.client.clone(),
-            base: base.trim_end_matches('/').to_string(),
+            base: parse_base(base)?,
             key: key.or_else(|| self.key.clone()),
             first_byte_timeout: self.first_byte_timeout,
-        }
+        })
+    }
+
+    /// `{base}{path_and_query}`, e.g. `https://api.openai.com/v1` + `/models?x=1`.
+    fn url_for(&self, path_and_query: &str) -> reqwest::Url {
+        let mut url = self.base.clone();
+        let (path, query) = match path_and_query.split_once('?') {
+            Some((p, q)) => (p, Some(q)),
+            None => (path_and_query, None),
+        };
+        url.set_path(&format!(
+            "{}{}",
+            self.base.path().trim_end_matches('/'),
+            path
+        ));
+        url.set_query(query);
+        url
     }
 
     /// Whether a configured key replaces the client's credentials.
@@ -135,7 +152,7 @@ impl Upstream {
         mut headers: HeaderMap,
         body: reqwest::Body,
     ) -> Result<UpstreamResponse, UpstreamError> {
-        let url = format!("{}{}", self.base, path_and_query);
+        let url = self.url_for(path_and_query);
         strip_hop_by_hop(&mut headers);
         headers.remove(http::header::HOST);
         headers.remove(http::header::CONTENT_LENGTH);
@@ -150,11 +167,7 @@ impl Upstream {
             })?;
             headers.insert(http::header::AUTHORIZATION, value);
         }
-        let request = self
-            .client
-            .request(method, &url)
-            .headers(headers)
-            .body(body);
+        let request = self.client.request(method, url).headers(headers).body(body);
         let response = match tokio::time::timeout(self.first_byte_timeout, request.send()).await {
             Err(_) => {
                 return Err(UpstreamError::Timeout(format!(
@@ -176,6 +189,15 @@ impl Upstream {
             body: Box::pin(body),
         })
     }
+}
+
+/// Parses a base URL, without its trailing slash (paths are appended to it).
+fn parse_base(base: &str) -> Result<reqwest::Url, UpstreamError> {
+    let mut url = reqwest::Url::parse(base)
+        .map_err(|e| UpstreamError::Unreachable(format!("invalid upstream URL: {e}")))?;
+    let trimmed = url.path().trim_end_matches('/').to_string();
+    url.set_path(&trimmed);
+    Ok(url)
 }
 
 /// An error's chain of causes without the URL (which could carry credentials in its query).
@@ -207,4 +229,54 @@ where
     S: Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static,
 {
     reqwest::Body::wrap_stream(stream)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn url(base: &str, path: &str) -> String {
+        Upstream::new(base, None, Duration::from_secs(1), Duration::from_secs(1))
+            .unwrap()
+            .url_for(path)
+            .to_string()
+    }
+
+    #[test]
+    fn paths_are_appended_to_the_base() {
+        assert_eq!(
+            url("https://api.openai.com/v1", "/chat/completions"),
+            "https://api.openai.com/v1/chat/completions"
+        );
+        assert_eq!(
+            url("https://api.openai.com/v1/", "/models?limit=2"),
+            "https://api.openai.com/v1/models?limit=2"
+        );
+        assert_eq!(
+            url("http://127.0.0.1:8080", "/embeddings"),
+            "http://127.0.0.1:8080/embeddings"
+        );
+        assert_eq!(
+            url(
+                "http://h/openai/deployments/x",
+                "/chat/completions?api-version=1"
+            ),
+            "http://h/openai/deployments/x/chat/completions?api-version=1"
+        );
+    }
+
+    #[test]
+    fn hop_by_hop_headers_are_removed() {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            "connection",
+            HeaderValue::from_static("keep-alive, x-private"),
+        );
+        headers.insert("x-private", HeaderValue::from_static("1"));
+        headers.insert("transfer-encoding", HeaderValue::from_static("chunked"));
+        headers.insert("x-request-id", HeaderValue::from_static("abc"));
+        strip_hop_by_hop(&mut headers);
+        assert_eq!(headers.len(), 1);
+        assert!(headers.contains_key("x-request-id"));
+    }
 }
