@@ -7,11 +7,6 @@ use compactor::cli::{self, Cli, Command};
 use compactor::config::{CliOverrides, LogFormat};
 use tracing_subscriber::EnvFilter;
 
-// Every request allocates many small buffers (headers, JSON fields, body chunks); mimalloc
-// handles that pattern with less CPU than the system allocator.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 fn init_logs(format: LogFormat) {
     let filter =
         EnvFilter::try_from_env("COMPACTOR_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
