@@ -3,6 +3,7 @@
 #
 #   scripts/e2e.sh                    all scenarios: python node pi aider
 #   scripts/e2e.sh python pi          only these
+#   scripts/e2e.sh setup              only install the clients, the server and the model
 #
 # Steps: install the clients into the cache (once), build target/release/compactor
 # (`cargo build --release`, a no-op when up to date), then for each window in use start
@@ -46,6 +47,8 @@ PY_PACKAGES=(openai==3.57.0)
 AIDER_PACKAGES=(aider-chat==0.86.2)
 NPM_PACKAGES=(openai@7.59.0 @mariozechner/pi-coding-agent@0.73.1)
 
+setup_only=false
+if [[ "${1:-}" == setup ]]; then setup_only=true; shift; fi
 scenarios=("$@")
 [[ ${#scenarios[@]} -gt 0 ]] || scenarios=(python node pi aider)
 for s in "${scenarios[@]}"; do
@@ -99,6 +102,7 @@ say "clients ready ($((SECONDS - t0))s)"
 t0=$SECONDS
 "$root/scripts/llama-server.sh" fetch
 say "llama-server and model ready ($((SECONDS - t0))s)"
+if $setup_only; then exit 0; fi
 
 # ---- the proxy -----------------------------------------------------------------------------
 if [[ -n "${COMPACTOR_BIN:-}" ]]; then

