@@ -5,7 +5,8 @@ scenario and its Prometheus `/metrics`, and checks:
   - every chat request was answered 200 (none failed, none was a proxy error);
   - the largest request the client sent (the proxy's count, `prompt_tokens`) was at least
     --min-window-factor times the model's window: the client really went past the window;
-  - at least --min-compactions summaries were written ("Compacted a conversation." lines);
+  - at least --min-compactions summaries were written ("Compacted a conversation." lines), and
+    none failed;
 and prints the newest summary, read with the admin token from /compactor/v1/checkpoints/{id}.
 
   compactor_probe.py mark LOG                 print the current end of LOG (an offset)
@@ -90,6 +91,9 @@ def main() -> int:
     if max_prompt < args.min_window_factor * args.window:
         print(f"[{name}] FAIL: the conversation never went past "
               f"{args.min_window_factor} x the window ({max_prompt} < {args.window})")
+        ok = False
+    if failures:
+        print(f"[{name}] FAIL: {len(failures)} compactions failed: {failures[:3]}")
         ok = False
     if len(compactions) < args.min_compactions:
         print(f"[{name}] FAIL: {len(compactions)} compactions, wanted {args.min_compactions}")

@@ -111,6 +111,10 @@ async function main() {
         `${isNew ? ' NEW' : ''}${status ? ' status=' + status : ''} ` +
         `reply=${JSON.stringify(text.slice(0, 60))}`,
     );
+    if (status && status.startsWith('failed')) {
+      log(`turn ${turn + 1}: compaction failed: ${status}`);
+      return 1;
+    }
     if (window && maxBefore >= HISTORY_FACTOR * window && checkpoints.length >= MIN_COMPACTIONS) {
       done = true;
       break;
@@ -137,6 +141,10 @@ async function main() {
   const summary = cp.summary || '';
   if (summary.trim().length < 40) {
     log(`summary of checkpoint ${id} is too short: ${JSON.stringify(summary)}`);
+    return 1;
+  }
+  if (cp.model !== MODEL) {
+    log(`checkpoint ${id} names model ${JSON.stringify(cp.model)}, not ${JSON.stringify(MODEL)}`);
     return 1;
   }
   log(

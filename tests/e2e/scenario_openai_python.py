@@ -115,6 +115,9 @@ def main() -> int:
             f"{' NEW' if new else ''}{' status=' + status if status else ''} "
             f"reply={text[:60]!r}"
         )
+        if status.startswith("failed"):
+            log(f"turn {turn + 1}: compaction failed: {status}")
+            return 1
         if window and max_before >= HISTORY_FACTOR * window and len(checkpoints) >= MIN_COMPACTIONS:
             break
     else:
@@ -128,6 +131,9 @@ def main() -> int:
     summary = checkpoint.get("summary", "")
     if len(summary.strip()) < 40:
         log(f"summary of checkpoint {checkpoints[-1]} is too short: {summary!r}")
+        return 1
+    if checkpoint.get("model") != MODEL:
+        log(f"checkpoint {checkpoints[-1]} names model {checkpoint.get('model')!r}, not {MODEL!r}")
         return 1
     log(f"summary of checkpoint {checkpoints[-1]} (covers {checkpoint.get('covered')} messages, "
         f"{checkpoint.get('tokens_before')} -> {checkpoint.get('tokens_after')} tokens):")
