@@ -22,7 +22,7 @@ const API_KEY = process.env.E2E_API_KEY || 'sk-e2e-node';
 const MAX_TOKENS = Number(process.env.E2E_MAX_TOKENS || 40);
 const MIN_COMPACTIONS = Number(process.env.E2E_MIN_COMPACTIONS || 3);
 const HISTORY_FACTOR = Number(process.env.E2E_HISTORY_FACTOR || 3);
-const MAX_TURNS = Number(process.env.E2E_MAX_TURNS || 60);
+const MAX_TURNS = Number(process.env.E2E_MAX_TURNS || 20);
 
 const log = (msg) => console.log(`[node] ${msg}`);
 

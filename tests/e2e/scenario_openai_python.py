@@ -12,7 +12,7 @@ Environment:
   E2E_MAX_TOKENS       max_tokens of each reply (default 40)
   E2E_MIN_COMPACTIONS  default 3
   E2E_HISTORY_FACTOR   default 3
-  E2E_MAX_TURNS        give up after this many turns (default 60)
+  E2E_MAX_TURNS        give up after this many turns (default 20)
 """
 
 import json
@@ -32,7 +32,7 @@ API_KEY = os.environ.get("E2E_API_KEY", "sk-e2e-python")
 MAX_TOKENS = int(os.environ.get("E2E_MAX_TOKENS", "40"))
 MIN_COMPACTIONS = int(os.environ.get("E2E_MIN_COMPACTIONS", "3"))
 HISTORY_FACTOR = float(os.environ.get("E2E_HISTORY_FACTOR", "3"))
-MAX_TURNS = int(os.environ.get("E2E_MAX_TURNS", "60"))
+MAX_TURNS = int(os.environ.get("E2E_MAX_TURNS", "20"))
 
 
 def log(msg: str) -> None:
