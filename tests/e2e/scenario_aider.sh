@@ -68,6 +68,11 @@ for i in $(seq 1 "$messages"); do
     --input-history-file "$work/input.history" \
     --message "$msg" </dev/null >"$work/aider-$i.out" 2>&1 || rc=$?
   reply="$(tail -n 3 "$work/aider-$i.out" | tr '\n' ' ' | cut -c1-100)"
+  # The small model sometimes recites the file until max_tokens; aider then says the reply "hit a
+  # token limit" (finish_reason "length"), which is about the reply, not the context window.
+  if grep -q 'has hit a token limit' "$work/aider-$i.out"; then
+    reply="(the reply was cut at max_tokens; aider reports that as a token limit)"
+  fi
   echo "[aider] message $i $((SECONDS - t0))s rc=$rc reply: $reply"
   # aider prints provider errors and keeps a 0 exit status; look for them too.
   if [[ $rc -ne 0 ]] || grep -q -E 'litellm\.[A-Za-z]*Error|BadRequestError|APIError|exceeds the available context|Retrying in' "$work/aider-$i.out"; then
