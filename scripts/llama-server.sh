@@ -283,6 +283,7 @@ cmd_start() {
         && "$bin" == "$CACHE/llama-prebuilt/"* ]]; then
     log "the prebuilt llama-server does not run on this CPU; building from source"
     touch "$CACHE/llama-prebuilt.unusable.$(cpu_key)"
+    rm -rf "$CACHE/llama-prebuilt"
     bin="$(build_from_source)"
     rc=0
     pid="$(launch "$bin" "$model" "$port")" || rc=$?
@@ -330,6 +331,7 @@ cmd_fetch() {
     elif [[ $rc -eq 2 ]]; then
       log "the prebuilt llama-server does not run on this CPU; building from source"
       touch "$CACHE/llama-prebuilt.unusable.$(cpu_key)"
+      rm -rf "$CACHE/llama-prebuilt"
       bin="$(build_from_source)"
     else
       die "the prebuilt llama-server failed to start"
