@@ -119,6 +119,11 @@ pub fn request_body(
     user.push_str(transcript);
     user.push_str("</transcript>\n\n");
     user.push_str(if previous.is_some() { UPDATE } else { FIRST });
+    // The answer is cut off at `max_tokens`; a model told its budget finishes every section.
+    let words = max_tokens * 3 / 5;
+    user.push_str(&format!(
+        " Keep the whole summary under {words} words so that every section is complete."
+    ));
     for extra in instructions.iter().filter(|s| !s.trim().is_empty()) {
         user.push_str("\n\nAdditional instructions: ");
         user.push_str(extra.trim());
@@ -242,6 +247,7 @@ mod tests {
         let user = body["messages"][1]["content"].as_str().unwrap();
         assert!(user.contains("<previous-summary>\n## Goal\nold") && user.contains("keep names"));
         assert_eq!(body["max_tokens"], 500);
+        assert!(user.contains("under 300 words"));
         assert!(body.get("tools").is_none());
     }
 
