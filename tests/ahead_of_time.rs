@@ -88,14 +88,7 @@ async fn the_crossing_request_uses_the_ready_summary_without_waiting() {
     }
     assert!(crossed, "the conversation never crossed the window");
     assert_eq!(mock.state.overflows.load(Ordering::SeqCst), 0);
-    let metrics = client()
-        .get(format!("{}/metrics", proxy.url()))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let (_, metrics) = common::get(&format!("{}/metrics", proxy.url()), None).await;
     assert!(
         metrics.contains("compactor_ready_checkpoints_used_total 1"),
         "{metrics}"
@@ -163,18 +156,7 @@ async fn an_edited_history_ignores_the_ready_checkpoint() {
                 .to_str()
                 .unwrap()
                 .to_string();
-            let cp: Value = serde_json::from_str(
-                &client()
-                    .get(format!("{}/compactor/v1/checkpoints/{id}", proxy.url()))
-                    .header("authorization", "Bearer k")
-                    .send()
-                    .await
-                    .unwrap()
-                    .text()
-                    .await
-                    .unwrap(),
-            )
-            .unwrap();
+            let cp = common::checkpoint(&proxy, &id, "Bearer k").await;
             assert!(
                 !cp["summary"].as_str().unwrap().contains("SUMMARY-1:"),
                 "the old ready summary was applied"

@@ -315,20 +315,8 @@ async fn tenants_never_share_checkpoints() {
     );
     assert_ne!(ida, idb);
     assert_eq!(mock.summaries().len(), 2, "each tenant got its own summary");
-    let get = |id: String, auth: &'static str| {
-        let url = format!("{}/compactor/v1/checkpoints/{id}", proxy.url());
-        async move {
-            client()
-                .get(url)
-                .header("authorization", auth)
-                .send()
-                .await
-                .unwrap()
-        }
-    };
-    let own = get(ida.clone(), "Bearer alice").await;
-    assert_eq!(own.status(), 200);
-    let cp: Value = serde_json::from_str(&own.text().await.unwrap()).unwrap();
+    let url = |id: &str| format!("{}/compactor/v1/checkpoints/{id}", proxy.url());
+    let cp = common::checkpoint(&proxy, &ida, "Bearer alice").await;
     assert!(cp["summary"].as_str().unwrap().contains("SUMMARY-"));
     assert!(cp["files_modified"]
         .as_array()
@@ -339,7 +327,7 @@ async fn tenants_never_share_checkpoints() {
         cp["covered"].as_u64().unwrap() > 0
             && cp["tokens_before"].as_u64() > cp["tokens_after"].as_u64()
     );
-    assert_eq!(get(ida, "Bearer bob").await.status(), 404);
+    assert_eq!(common::get(&url(&ida), Some("Bearer bob")).await.0, 404);
 }
 
 #[tokio::test]
@@ -477,14 +465,7 @@ async fn real_conversations_fit_a_32k_window() {
         let sent = mock.chats().last().unwrap().json();
         assert!(common::mock_tokens(&sent) <= 32_768);
         let id = r.header("x-compactor-checkpoint").expect("compacted");
-        let cp: Value = client()
-            .get(format!("{}/compactor/v1/checkpoints/{id}", proxy.url()))
-            .header("authorization", "Bearer k")
-            .send()
-            .await
-            .unwrap()
-            .json_value()
-            .await;
+        let cp = common::checkpoint(&proxy, &id, "Bearer k").await;
         let covered = cp["covered"].as_u64().unwrap() as usize;
         let pinned = cp["pinned_user"].as_u64().map(|p| p as usize);
         let modified: Vec<&str> = cp["files_modified"]
@@ -526,16 +507,6 @@ async fn real_conversations_fit_a_32k_window() {
             mock.summaries().len(),
             (elapsed.as_secs_f64() * 1000.0) - summary_ms as f64,
         );
-    }
-}
-
-trait JsonValue {
-    async fn json_value(self) -> Value;
-}
-
-impl JsonValue for reqwest::Response {
-    async fn json_value(self) -> Value {
-        serde_json::from_str(&self.text().await.unwrap()).unwrap()
     }
 }
 
@@ -675,17 +646,10 @@ async fn an_admin_token_reads_any_checkpoint_and_a_configured_key_replaces_the_c
     for recorded in mock.chats().iter().chain(mock.summaries().iter()) {
         assert_eq!(recorded.headers["authorization"], "Bearer sk-configured");
     }
+    let url = format!("{}/compactor/v1/checkpoints/{id}", proxy.url());
     let get = |auth: &'static str| {
-        let url = format!("{}/compactor/v1/checkpoints/{id}", proxy.url());
-        async move {
-            client()
-                .get(url)
-                .header("authorization", auth)
-                .send()
-                .await
-                .unwrap()
-                .status()
-        }
+        let url = url.clone();
+        async move { common::get(&url, Some(auth)).await.0 }
     };
     assert_eq!(get("Bearer admin-secret").await, 200);
     assert_eq!(get("Bearer client-key").await, 200);

@@ -152,24 +152,12 @@ async fn requests_survive_a_redis_outage_and_sharing_resumes() {
         assert_eq!(r.header("x-compactor-store").as_deref(), Some("degraded"));
         assert!(started.elapsed() < Duration::from_secs(5));
     }
-    let ready: Value = client()
-        .get(format!("{}/readyz", a.url()))
-        .send()
-        .await
-        .unwrap()
-        .json_value()
-        .await;
+    let ready = common::get_json(&format!("{}/readyz", a.url()), None).await;
     assert_eq!(ready["status"], "degraded");
 
     redis.restart();
     eventually("the store to recover", async || {
-        let ready: Value = client()
-            .get(format!("{}/readyz", a.url()))
-            .send()
-            .await
-            .unwrap()
-            .json_value()
-            .await;
+        let ready = common::get_json(&format!("{}/readyz", a.url()), None).await;
         ready["status"] == "ready"
     })
     .await;
@@ -278,14 +266,4 @@ async fn metrics_are_prometheus_text_and_move() {
     assert!(after
         .iter()
         .all(|s| !s.labels.values().any(|v| v.contains("team-key"))));
-}
-
-trait JsonValue {
-    async fn json_value(self) -> Value;
-}
-
-impl JsonValue for reqwest::Response {
-    async fn json_value(self) -> Value {
-        serde_json::from_str(&self.text().await.unwrap()).unwrap()
-    }
 }

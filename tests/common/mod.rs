@@ -405,3 +405,28 @@ pub fn completion_json(text: &str, prompt_tokens: u64) -> Value {
 }
 
 pub mod redis_server;
+
+/// `GET url` with an optional `Authorization` value: the status and the body as text.
+pub async fn get(url: &str, auth: Option<&str>) -> (u16, String) {
+    let mut request = client().get(url);
+    if let Some(auth) = auth {
+        request = request.header("authorization", auth);
+    }
+    let response = request.send().await.unwrap();
+    (response.status().as_u16(), response.text().await.unwrap())
+}
+
+/// `GET url` answered with JSON.
+pub async fn get_json(url: &str, auth: Option<&str>) -> Value {
+    let (status, body) = get(url, auth).await;
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("{url}: {status} {body}: {e}"))
+}
+
+/// A stored checkpoint, read through the proxy's API as the tenant `auth`.
+pub async fn checkpoint(proxy: &Proxy, id: &str, auth: &str) -> Value {
+    get_json(
+        &format!("{}/compactor/v1/checkpoints/{id}", proxy.url()),
+        Some(auth),
+    )
+    .await
+}
