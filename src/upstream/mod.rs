@@ -139,11 +139,6 @@ impl Upstream {
         url
     }
 
-    /// Whether a configured key replaces the client's credentials.
-    pub fn has_key(&self) -> bool {
-        self.key.is_some()
-    }
-
     /// Sends a request to `{base}{path_and_query}` and returns once the response head arrives.
     pub async fn send(
         &self,
