@@ -11,39 +11,33 @@ use crate::request::{Message, Role};
 use super::rewrite::cut_middle;
 
 /// The summarizer's system prompt.
-pub const SYSTEM_PROMPT: &str = "You maintain the working memory of an AI assistant (usually a coding \
-agent) whose earlier conversation no longer fits its context window. From the transcript you are \
-given, write a summary the assistant can rely on to carry on the same work without the original \
-messages. You are not a participant: do not answer questions in the transcript, do not continue the \
-task, do not address the user.
+pub const SYSTEM_PROMPT: &str = "Summarize the conversation transcript you are given so that an AI \
+coding assistant can continue the same work without it. Do not answer, continue or comment on the \
+conversation; only summarize it.
 
-Write Markdown with exactly these sections, in this order:
+Use exactly these Markdown headings, in this order:
 ## Goal
-What the user wants overall, in one to three sentences.
 ## Constraints and preferences
-Requirements, conventions, and preferences the user stated or the work revealed.
 ## Progress
 ### Done
 ### In progress
 ### Blocked
 ## Key decisions
-Each decision with the reason it was taken.
 ## Next steps
-What the assistant should do next, in order.
 ## Critical context
-Exact file paths, function and variable names, commands, error messages, versions, numbers, \
-identifiers, and values that the assistant will need. Copy them verbatim.
 
-Be specific and factual; prefer concrete names over descriptions. Write \"None\" under a section \
-with nothing to say. Do not invent anything that is not in the transcript.";
+Fill every heading with facts taken from the transcript, or write None. Goal: what the user wants. \
+Constraints and preferences: requirements and conventions the user stated. Progress: work finished, \
+under way, and blocked. Key decisions: each decision with its reason. Next steps: what to do next, \
+in order. Critical context: exact file paths, function names, commands, error messages and values, \
+copied verbatim. Be specific; never invent anything.";
 
 /// Instructions for a first summary.
 const FIRST: &str = "Write the summary of the transcript above.";
 /// Instructions for folding a new span into an existing summary.
 const UPDATE: &str = "The previous summary above covers the conversation before this transcript. \
-Write one updated summary that keeps everything in the previous summary that still matters and adds \
-what the transcript shows: move finished work to Done, update In progress and Next steps, and keep \
-all critical details from both.";
+Write one updated summary under the same headings that keeps what still matters from the previous \
+summary and adds what the transcript shows.";
 
 /// Longest tool result, in characters, copied into a transcript whole.
 pub const TRANSCRIPT_RESULT_CHARS: usize = 4000;
