@@ -267,3 +267,47 @@ async fn metrics_are_prometheus_text_and_move() {
         .iter()
         .all(|s| !s.labels.values().any(|v| v.contains("team-key"))));
 }
+
+#[tokio::test]
+async fn a_summary_prepared_ahead_of_time_on_one_replica_serves_the_other() {
+    let redis = RedisServer::start();
+    let mock = start_mock().await;
+    mock.state.summary_delay_ms.store(1000, Ordering::SeqCst);
+    let mut cfg = config(&mock.url());
+    cfg.store = redis.url();
+    cfg.windows.insert("agent-model".into(), 4000);
+    cfg.summarizer.window = 100_000;
+    cfg.compaction.ahead_of_time = true;
+    let (a, b) = (start_proxy(cfg.clone()).await, start_proxy(cfg).await);
+    // Grow the conversation on replica A until it passes the soft threshold.
+    let mut turns = 1;
+    while mock.summaries().is_empty() {
+        let r = send(&a, &conversation("aot", turns)).await;
+        assert_eq!(r.header("x-compactor-compacted").as_deref(), Some("false"));
+        turns += 1;
+        assert!(turns < 30, "never passed the soft threshold");
+    }
+    // Replica B gets the request that crosses the window while A's summary is still running:
+    // it waits for that summary instead of starting its own.
+    let mut body = conversation("aot", turns);
+    while common::mock_tokens(&body) <= 4000 {
+        turns += 1;
+        body = conversation("aot", turns);
+    }
+    let r = send(&b, &body).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("x-compactor-compacted").as_deref(), Some("true"));
+    let summaries = mock.summaries();
+    assert!(summaries.len() <= 2, "{} summaries", summaries.len());
+    if summaries.len() == 2 {
+        let update = summaries[1].json()["messages"][1]["content"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert!(
+            update.contains("SUMMARY-1"),
+            "B extended A's summary rather than starting over"
+        );
+    }
+    assert_eq!(mock.state.overflows.load(Ordering::SeqCst), 0);
+}
