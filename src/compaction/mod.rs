@@ -154,6 +154,8 @@ pub struct Engine {
     unproductive: DashMap<Hash, u32>,
     /// Background summaries running, by conversation anchor.
     background: DashMap<Hash, ()>,
+    /// Token counts of summary messages, by encoding and checkpoint id.
+    summary_tokens: quick_cache::sync::Cache<(Encoding, String), u64>,
     replica: String,
     attempts: AtomicU64,
 }
@@ -215,6 +217,7 @@ impl Engine {
             facts: DashMap::new(),
             unproductive: DashMap::new(),
             background: DashMap::new(),
+            summary_tokens: quick_cache::sync::Cache::new(10_000),
             replica: format!("{:016x}", rand::random::<u64>()),
             attempts: AtomicU64::new(0),
         }
@@ -507,12 +510,23 @@ impl Engine {
         }
     }
 
-    fn summary_raw(&self, checkpoint: &Checkpoint) -> Box<RawValue> {
-        rewrite::summary_message(&rewrite::summary_text(
+    /// Tokens of a checkpoint's summary message. A checkpoint never changes, so the message is
+    /// rendered and counted once per checkpoint, not on every request that applies it.
+    fn summary_tokens(&self, encoding: Encoding, checkpoint: &Checkpoint) -> u64 {
+        let key = (encoding, checkpoint.id.clone());
+        if let Some(tokens) = self.summary_tokens.get(&key) {
+            return tokens;
+        }
+        let raw = rewrite::summary_message(&rewrite::summary_text(
             &checkpoint.summary,
             &checkpoint.files_read,
             &checkpoint.files_modified,
-        ))
+        ));
+        let tokens = crate::request::Message::parse(raw)
+            .map(|m| crate::measure::count_message(encoding, &m))
+            .unwrap_or(0);
+        self.summary_tokens.insert(key, tokens);
+        tokens
     }
 
     /// What the request costs when sent through `checkpoint`.
@@ -544,13 +558,7 @@ impl Engine {
                 None => tokens[i],
             })
             .sum();
-        let summary = self
-            .meter
-            .message(
-                conversation.measured.encoding,
-                &summary_message(&self.summary_raw(cp)),
-            )
-            .tokens;
+        let summary = self.summary_tokens(conversation.measured.encoding, cp);
         View {
             checkpoint: Some(cp),
             tokens: fixed + instructions + pinned + kept + summary,
@@ -729,10 +737,6 @@ impl Engine {
             outcome,
         }
     }
-}
-
-fn summary_message(raw: &RawValue) -> crate::request::Message {
-    crate::request::Message::parse(raw.to_owned()).expect("the summary message is a valid message")
 }
 
 fn matches_prefix(checkpoint: &Checkpoint, chain: &[Hash]) -> bool {

@@ -31,7 +31,7 @@ pub const TOKENS_PER_TOOL_CALL: u64 = 8;
 pub const TOKENS_FOR_TOOLS: u64 = 12;
 
 /// Which BPE a model is counted with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Encoding {
     O200k,
     Cl100k,
