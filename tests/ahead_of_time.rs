@@ -115,18 +115,7 @@ async fn a_crossing_request_waits_for_a_running_background_summary_instead_of_st
     assert_eq!(headers.get("x-compactor-compacted").unwrap(), "true");
     assert_eq!(mock.state.overflows.load(Ordering::SeqCst), 0);
     // One background summary; the crossing request extended it at most once more.
-    let summaries = mock.summaries();
-    assert!(summaries.len() <= 2, "{} summaries", summaries.len());
-    if summaries.len() == 2 {
-        let update = summaries[1].json()["messages"][1]["content"]
-            .as_str()
-            .unwrap()
-            .to_string();
-        assert!(
-            update.contains("SUMMARY-1"),
-            "the second summary folds into the first"
-        );
-    }
+    common::assert_at_most_one_update(&mock);
 }
 
 #[tokio::test]

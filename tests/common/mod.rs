@@ -430,3 +430,37 @@ pub async fn checkpoint(proxy: &Proxy, id: &str, auth: &str) -> Value {
     )
     .await
 }
+
+/// After a crossing request that may have extended a background summary: at most one summary
+/// besides the first, and if there is one, it folds the first in rather than starting over.
+pub fn assert_at_most_one_update(mock: &Mock) {
+    let summaries = mock.summaries();
+    assert!(summaries.len() <= 2, "{} summaries", summaries.len());
+    if let Some(update) = summaries.get(1) {
+        let prompt = update.json()["messages"][1]["content"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        assert!(
+            prompt.contains("SUMMARY-1"),
+            "the second summary must extend the first"
+        );
+    }
+}
+
+/// Every reply compacted through one and the same checkpoint.
+pub fn assert_one_shared_checkpoint<'a>(
+    replies: impl IntoIterator<Item = (u16, Option<&'a str>, Option<&'a str>)>,
+) {
+    let mut ids = std::collections::BTreeSet::new();
+    for (status, compacted, checkpoint) in replies {
+        assert_eq!(status, 200);
+        assert_eq!(compacted, Some("true"));
+        ids.insert(checkpoint.map(str::to_string));
+    }
+    assert_eq!(
+        ids.len(),
+        1,
+        "every request used the same checkpoint: {ids:?}"
+    );
+}
