@@ -9,9 +9,9 @@
 //! 4. [`compaction`] applies the newest stored checkpoint whose prefix matches, and when the
 //!    request is still too large, plans a cut, asks for a summary, stores the new checkpoint
 //!    in the [`store`], and rewrites the messages.
-//! 5. [`upstream`] forwards the body to the provider (the only module that knows reqwest) and
-//!    recognises context-overflow errors; [`http`] streams the answer back, reading `usage` to
-//!    calibrate counts, and retries once after an overflow.
+//! 5. [`upstream`] forwards the body to the provider (the only module that knows reqwest);
+//!    [`http`] streams the answer back, reading `usage` to calibrate counts, and when
+//!    [`measure::overflow`] recognises a context-overflow error, retries once.
 //!
 //! [`config`] loads settings, [`metrics`] exports Prometheus counters, [`server`] builds the
 //! application and serves it with graceful shutdown, [`cli`] holds the subcommands.

@@ -18,9 +18,10 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, Uri};
 
 use crate::compaction::{Engine, Mode, Outcome, Prepared, RequestContext};
 use crate::identity;
+use crate::measure::overflow;
 use crate::metrics::{Metrics, RequestLabels, Route};
 use crate::request::ChatRequest;
-use crate::upstream::{self, overflow, Upstream, UpstreamResponse, CREDENTIAL_HEADERS};
+use crate::upstream::{self, Upstream, UpstreamResponse, CREDENTIAL_HEADERS};
 
 pub use error::ApiError;
 

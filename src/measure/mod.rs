@@ -4,9 +4,11 @@
 //! OpenAI's accounting of chat overhead. Each message is counted once: the count and the
 //! message's canonical hash are cached under a hash of its raw bytes, so a conversation that grows
 //! by one turn costs only that turn. Other model families are corrected by a learned factor
-//! (see [`calibration`]).
+//! (see [`calibration`]). When the provider says the window is full, [`overflow`] reads what
+//! it said: the real window and its own count of the prompt.
 
 pub mod calibration;
+pub mod overflow;
 pub mod windows;
 
 use std::sync::Arc;

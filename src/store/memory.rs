@@ -2,59 +2,27 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use super::lease::LeaseTable;
 use super::{insert_newest_first, Checkpoint, CheckpointStore, ModelFacts, StoreError};
 
 #[derive(Default)]
 pub struct MemoryStore {
     inner: Mutex<Inner>,
+    leases: LeaseTable,
 }
 
 #[derive(Default)]
 struct Inner {
     by_anchor: HashMap<String, Arc<Vec<Checkpoint>>>,
     models: HashMap<String, ModelFacts>,
-    leases: HashMap<String, (String, Instant)>,
 }
 
 impl MemoryStore {
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         // A panic while holding the lock cannot leave the maps half-updated in a harmful way.
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-/// Lease bookkeeping shared by the stores that keep leases in-process.
-pub(crate) fn take_lease(
-    leases: &mut HashMap<String, (String, Instant)>,
-    key: &str,
-    holder: &str,
-    ttl: Duration,
-) -> bool {
-    let now = Instant::now();
-    match leases.get(key) {
-        Some((current, until)) if *until > now && current != holder => false,
-        _ => {
-            leases.insert(key.to_string(), (holder.to_string(), now + ttl));
-            true
-        }
-    }
-}
-
-pub(crate) fn lease_holder(
-    leases: &HashMap<String, (String, Instant)>,
-    key: &str,
-) -> Option<String> {
-    leases
-        .get(key)
-        .filter(|(_, until)| *until > Instant::now())
-        .map(|(holder, _)| holder.clone())
-}
-
-pub(crate) fn give_lease(leases: &mut HashMap<String, (String, Instant)>, key: &str, holder: &str) {
-    if leases.get(key).is_some_and(|(h, _)| h == holder) {
-        leases.remove(key);
     }
 }
 
@@ -101,16 +69,16 @@ impl CheckpointStore for MemoryStore {
     }
 
     async fn try_lease(&self, key: &str, holder: &str, ttl: Duration) -> Result<bool, StoreError> {
-        Ok(take_lease(&mut self.lock().leases, key, holder, ttl))
+        Ok(self.leases.try_take(key, holder, ttl))
     }
 
     async fn release_lease(&self, key: &str, holder: &str) -> Result<(), StoreError> {
-        give_lease(&mut self.lock().leases, key, holder);
+        self.leases.release(key, holder);
         Ok(())
     }
 
     async fn lease_holder(&self, key: &str) -> Result<Option<String>, StoreError> {
-        Ok(lease_holder(&self.lock().leases, key))
+        Ok(self.leases.holder(key))
     }
 
     fn kind(&self) -> &'static str {

@@ -5,12 +5,13 @@
 //! replicas of a team gateway. Checkpoints are looked up by conversation anchor, which is already
 //! seeded with the tenant, so a store never needs to filter by tenant to stay isolated.
 
+mod lease;
 pub mod memory;
 pub mod redis;
 pub mod sqlite;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
@@ -113,6 +114,40 @@ pub async fn open(spec: &str, ttl: Duration) -> Result<Arc<dyn CheckpointStore>,
         std::path::Path::new(path),
         ttl,
     )?))
+}
+
+/// Milliseconds since the Unix epoch: checkpoints' `created_ms` and their expiry.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis().min(u64::MAX as u128) as u64)
+        .unwrap_or(0)
+}
+
+/// The oldest `created_ms` still alive under `ttl`; `None` when checkpoints never expire (zero).
+pub(crate) fn expiry_cutoff(ttl: Duration) -> Option<u64> {
+    (!ttl.is_zero()).then(|| now_ms().saturating_sub(ttl.as_millis().min(u64::MAX as u128) as u64))
+}
+
+/// Whether `checkpoint` is still alive under `ttl`.
+pub(crate) fn is_fresh(checkpoint: &Checkpoint, ttl: Duration) -> bool {
+    expiry_cutoff(ttl).is_none_or(|cutoff| checkpoint.created_ms >= cutoff)
+}
+
+/// `list` without its expired checkpoints (the same list when none expired).
+pub(crate) fn without_expired(list: Arc<Vec<Checkpoint>>, ttl: Duration) -> Arc<Vec<Checkpoint>> {
+    let Some(cutoff) = expiry_cutoff(ttl) else {
+        return list;
+    };
+    if list.iter().all(|c| c.created_ms >= cutoff) {
+        return list;
+    }
+    Arc::new(
+        list.iter()
+            .filter(|c| c.created_ms >= cutoff)
+            .cloned()
+            .collect(),
+    )
 }
 
 /// Inserts `checkpoint` into a newest-first list, replacing one with the same id and trimming.

@@ -7,34 +7,27 @@
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use quick_cache::sync::Cache;
 use rusqlite::{params, Connection, OptionalExtension};
 
-use super::memory::{give_lease, lease_holder, take_lease};
+use super::lease::LeaseTable;
 use super::{
-    insert_newest_first, Checkpoint, CheckpointStore, ModelFacts, StoreError,
-    CHECKPOINTS_PER_CONVERSATION,
+    expiry_cutoff, insert_newest_first, is_fresh, without_expired, Checkpoint, CheckpointStore,
+    ModelFacts, StoreError, CHECKPOINTS_PER_CONVERSATION,
 };
 
 pub struct SqliteStore {
     connection: Arc<Mutex<Connection>>,
     conversations: Cache<String, Arc<Vec<Checkpoint>>>,
     models: Mutex<HashMap<String, ModelFacts>>,
-    leases: Mutex<HashMap<String, (String, Instant)>>,
+    leases: LeaseTable,
     ttl: Duration,
 }
 
 fn unavailable(e: impl std::fmt::Display) -> StoreError {
     StoreError::Unavailable(e.to_string())
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 impl SqliteStore {
@@ -62,8 +55,7 @@ impl SqliteStore {
                  CREATE TABLE IF NOT EXISTS model_facts (model TEXT PRIMARY KEY, body TEXT NOT NULL);",
             )
             .map_err(unavailable)?;
-        if !ttl.is_zero() {
-            let cutoff = now_ms().saturating_sub(ttl.as_millis() as u64);
+        if let Some(cutoff) = expiry_cutoff(ttl) {
             connection
                 .execute(
                     "DELETE FROM checkpoints WHERE created_ms < ?1",
@@ -75,7 +67,7 @@ impl SqliteStore {
             connection: Arc::new(Mutex::new(connection)),
             conversations: Cache::new(10_000),
             models: Mutex::new(HashMap::new()),
-            leases: Mutex::new(HashMap::new()),
+            leases: LeaseTable::default(),
             ttl,
         })
     }
@@ -92,16 +84,6 @@ impl SqliteStore {
         })
         .await
         .map_err(unavailable)?
-    }
-
-    fn fresh(&self, list: Vec<Checkpoint>) -> Vec<Checkpoint> {
-        if self.ttl.is_zero() {
-            return list;
-        }
-        let cutoff = now_ms().saturating_sub(self.ttl.as_millis() as u64);
-        list.into_iter()
-            .filter(|c| c.created_ms >= cutoff)
-            .collect()
     }
 }
 
@@ -156,7 +138,10 @@ impl CheckpointStore for SqliteStore {
                 rows.collect::<Result<Vec<_>, _>>().map_err(unavailable)
             })
             .await?;
-        let list = Arc::new(self.fresh(bodies.into_iter().map(decode).collect::<Result<_, _>>()?));
+        let list = without_expired(
+            Arc::new(bodies.into_iter().map(decode).collect::<Result<_, _>>()?),
+            self.ttl,
+        );
         self.conversations.insert(anchor.to_string(), list.clone());
         Ok(list)
     }
@@ -174,9 +159,10 @@ impl CheckpointStore for SqliteStore {
                 .map_err(unavailable)
             })
             .await?;
-        Ok(self
-            .fresh(body.map(decode).transpose()?.into_iter().collect())
-            .pop())
+        Ok(body
+            .map(decode)
+            .transpose()?
+            .filter(|c| is_fresh(c, self.ttl)))
     }
 
     async fn model_facts(&self, model: &str) -> Result<ModelFacts, StoreError> {
@@ -230,28 +216,16 @@ impl CheckpointStore for SqliteStore {
     }
 
     async fn try_lease(&self, key: &str, holder: &str, ttl: Duration) -> Result<bool, StoreError> {
-        Ok(take_lease(
-            &mut self.leases.lock().unwrap_or_else(|p| p.into_inner()),
-            key,
-            holder,
-            ttl,
-        ))
+        Ok(self.leases.try_take(key, holder, ttl))
     }
 
     async fn release_lease(&self, key: &str, holder: &str) -> Result<(), StoreError> {
-        give_lease(
-            &mut self.leases.lock().unwrap_or_else(|p| p.into_inner()),
-            key,
-            holder,
-        );
+        self.leases.release(key, holder);
         Ok(())
     }
 
     async fn lease_holder(&self, key: &str) -> Result<Option<String>, StoreError> {
-        Ok(lease_holder(
-            &self.leases.lock().unwrap_or_else(|p| p.into_inner()),
-            key,
-        ))
+        Ok(self.leases.holder(key))
     }
 
     fn kind(&self) -> &'static str {
@@ -274,7 +248,7 @@ mod tests {
     async fn survives_reopening() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("c.db");
-        let cp = super::super::contract::sample("a", 5, now_ms());
+        let cp = super::super::contract::sample("a", 5, super::super::now_ms());
         {
             let store = SqliteStore::open(&path, Duration::from_secs(3600)).unwrap();
             store.put(&cp).await.unwrap();

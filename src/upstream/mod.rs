@@ -4,8 +4,6 @@
 //! in place of the client's credentials, when there is one); responses come back as a status,
 //! headers and a byte stream that is never buffered.
 
-pub mod overflow;
-
 use std::pin::Pin;
 use std::time::Duration;
 

@@ -1,0 +1,247 @@
+//! The first stages of a request: identify the conversation, measure it, and look it up among
+//! the stored checkpoints; plus what a request costs through a checkpoint (a [`View`]).
+
+use std::sync::Arc;
+
+use crate::identity::{self, Hash};
+use crate::measure::{calibration, Measured, REPLY_PRIMING};
+use crate::request::{ChatRequest, Role};
+use crate::store::{Checkpoint, ModelFacts};
+
+use super::{rewrite, Applied, CannotFit, Engine, Mode, Outcome, RequestContext};
+
+/// The conversation as seen through a checkpoint: which messages are sent and what they cost.
+pub(super) struct View<'c> {
+    pub(super) checkpoint: Option<&'c Checkpoint>,
+    /// Raw tokens of what would be sent (messages, summary, tools, priming).
+    pub(super) tokens: u64,
+}
+
+/// Everything about one request that the stages share.
+pub(super) struct Conversation<'r> {
+    pub(super) request: &'r ChatRequest,
+    pub(super) measured: Measured,
+    pub(super) chain: Vec<Hash>,
+    pub(super) anchor: Option<Hash>,
+    pub(super) roles: Vec<Role>,
+    pub(super) message_tokens: Vec<u64>,
+    pub(super) factor: f64,
+    pub(super) window: u64,
+    /// `window - margin`.
+    pub(super) limit: u64,
+    pub(super) reserve: u64,
+    pub(super) force_usage: bool,
+    pub(super) mode: Mode,
+}
+
+/// Whether `checkpoint` summarizes a prefix of the conversation whose chain is `chain`.
+pub(super) fn matches_prefix(checkpoint: &Checkpoint, chain: &[Hash]) -> bool {
+    checkpoint.covered > 0
+        && chain
+            .get(checkpoint.covered - 1)
+            .is_some_and(|h| identity::hex(h) == checkpoint.prefix_hash)
+}
+
+impl Engine {
+    /// Stage `identify`: counts and hashes the messages, finds the anchor, and works out the
+    /// window, margin and output reserve for the model.
+    pub(super) fn identify<'r>(
+        &self,
+        context: &RequestContext,
+        request: &'r ChatRequest,
+        facts: ModelFacts,
+    ) -> Conversation<'r> {
+        let measured = self.meter.measure(request);
+        let chain = identity::chain(
+            &context.tenant,
+            measured.messages.iter().map(|m| m.canonical),
+        );
+        let roles: Vec<Role> = request.messages.iter().map(|m| m.role).collect();
+        let first_turn = roles.iter().position(|r| !r.is_instruction());
+        let anchor = identity::anchor(&chain, first_turn);
+        let message_tokens = measured.messages.iter().map(|m| m.tokens).collect();
+        let (window, _) = self.windows.window(&request.model, facts.window);
+        let factor = facts
+            .calibration
+            .unwrap_or_else(|| calibration::initial_factor(&request.model));
+        let margin = self.config.margin_tokens.min(window / 16);
+        let reserve = request
+            .max_output_tokens
+            .unwrap_or_else(|| self.config.reserve_output_tokens.min(window / 4));
+        Conversation {
+            request,
+            measured,
+            chain,
+            anchor,
+            roles,
+            message_tokens,
+            factor,
+            window,
+            limit: window.saturating_sub(margin),
+            reserve,
+            force_usage: context.force_usage,
+            mode: context.mode,
+        }
+    }
+
+    /// Stage `stored_checkpoints`: those that match this conversation's prefix, newest first.
+    pub(super) async fn stored_checkpoints(
+        &self,
+        conversation: &Conversation<'_>,
+        outcome: &mut Outcome,
+    ) -> Vec<Checkpoint> {
+        let Some(anchor) = conversation.anchor else {
+            return vec![];
+        };
+        match self.store.for_anchor(&identity::hex(&anchor)).await {
+            Ok(list) => {
+                let matching: Vec<Checkpoint> = list
+                    .iter()
+                    .filter(|c| matches_prefix(c, &conversation.chain))
+                    .cloned()
+                    .collect();
+                let hit = if matching.is_empty() { "miss" } else { "hit" };
+                self.metrics
+                    .checkpoint_lookups
+                    .get_or_create(&crate::metrics::ResultLabel { result: hit })
+                    .inc();
+                matching
+            }
+            Err(e) => {
+                self.metrics.store_errors.inc();
+                outcome.store_degraded = true;
+                tracing::warn!(error = %e, "Reading checkpoints failed; continuing without them.");
+                vec![]
+            }
+        }
+    }
+
+    /// Stage `apply_checkpoint`: sends the request through the newest regular checkpoint when
+    /// that fits, else through one prepared ahead of time when that fits; otherwise reports the
+    /// best view found. A `forced` request never stops here.
+    pub(super) fn apply_checkpoint<'c>(
+        self: &Arc<Self>,
+        context: &RequestContext,
+        conversation: &Conversation<'_>,
+        checkpoints: &'c [Checkpoint],
+        forced: bool,
+        outcome: &mut Outcome,
+    ) -> Applied<'c> {
+        let regular = checkpoints.iter().find(|c| !c.ahead_of_time);
+        let mut view = self.view(conversation, regular);
+        if !forced && self.fits(conversation, &view) {
+            self.maybe_start_background(context, conversation, &view);
+            return Applied::Ready(self.rewrite(conversation, &view, std::mem::take(outcome)));
+        }
+        // Over the limit: a checkpoint prepared ahead of time may be all that is needed.
+        if let Some(ready) = checkpoints
+            .iter()
+            .find(|c| c.ahead_of_time && c.covered > view.checkpoint.map_or(0, |r| r.covered))
+        {
+            view = self.view(conversation, Some(ready));
+            outcome.ready_checkpoint_used = true;
+            if !forced && self.fits(conversation, &view) {
+                self.metrics.ready_checkpoints_used.inc();
+                // The conversation keeps growing from here: prepare its next summary early too.
+                self.maybe_start_background(context, conversation, &view);
+                return Applied::Ready(self.rewrite(conversation, &view, std::mem::take(outcome)));
+            }
+        }
+        Applied::OverLimit(view)
+    }
+
+    /// Tokens of a checkpoint's summary message. A checkpoint never changes, so the message is
+    /// rendered and counted once per checkpoint, not on every request that applies it.
+    fn summary_tokens(&self, encoding: crate::measure::Encoding, checkpoint: &Checkpoint) -> u64 {
+        let key = (encoding, checkpoint.id.clone());
+        if let Some(tokens) = self.summary_tokens.get(&key) {
+            return tokens;
+        }
+        let raw = rewrite::summary_message(&rewrite::summary_text(
+            &checkpoint.summary,
+            &checkpoint.files_read,
+            &checkpoint.files_modified,
+        ));
+        let tokens = crate::request::Message::parse(raw)
+            .map(|m| crate::measure::count_message(encoding, &m))
+            .unwrap_or(0);
+        self.summary_tokens.insert(key, tokens);
+        tokens
+    }
+
+    /// What the request costs when sent through `checkpoint`.
+    pub(super) fn view<'c>(
+        &self,
+        conversation: &Conversation<'_>,
+        checkpoint: Option<&'c Checkpoint>,
+    ) -> View<'c> {
+        let fixed = conversation.measured.tools_tokens + REPLY_PRIMING;
+        let Some(cp) = checkpoint else {
+            return View {
+                checkpoint: None,
+                tokens: conversation.measured.total(),
+            };
+        };
+        let tokens = &conversation.message_tokens;
+        let covered = cp.covered.min(tokens.len());
+        let instructions: u64 = (0..covered)
+            .filter(|&i| conversation.roles[i].is_instruction())
+            .map(|i| tokens[i])
+            .sum();
+        let pinned = cp
+            .pinned_user
+            .filter(|&p| p < covered)
+            .map_or(0, |p| tokens[p]);
+        let kept: u64 = (covered..tokens.len())
+            .map(|i| match cp.truncations.iter().find(|t| t.index == i) {
+                Some(t) => tokens[i].min(t.keep_tokens + 40),
+                None => tokens[i],
+            })
+            .sum();
+        let summary = self.summary_tokens(conversation.measured.encoding, cp);
+        View {
+            checkpoint: Some(cp),
+            tokens: fixed + instructions + pinned + kept + summary,
+        }
+    }
+
+    pub(super) fn fits(&self, conversation: &Conversation<'_>, view: &View<'_>) -> bool {
+        calibration::apply(view.tokens, conversation.factor) + conversation.reserve
+            <= conversation.limit
+    }
+
+    /// Raw tokens of the instruction (system/developer) messages.
+    pub(super) fn instruction_tokens(conversation: &Conversation<'_>) -> u64 {
+        conversation
+            .roles
+            .iter()
+            .zip(&conversation.message_tokens)
+            .filter(|(r, _)| r.is_instruction())
+            .map(|(_, t)| t)
+            .sum()
+    }
+
+    /// Stage `check_fits_at_all`: refuses requests whose instructions, tools and last user
+    /// message cannot fit whatever is summarized.
+    pub(super) fn check_fits_at_all(
+        &self,
+        conversation: &Conversation<'_>,
+    ) -> Result<(), CannotFit> {
+        let instructions = Self::instruction_tokens(conversation);
+        let last_user = conversation
+            .roles
+            .iter()
+            .rposition(|r| *r == Role::User)
+            .map_or(0, |i| conversation.message_tokens[i]);
+        let raw = instructions + last_user + conversation.measured.tools_tokens + REPLY_PRIMING;
+        let needed = calibration::apply(raw, conversation.factor)
+            + conversation.request.max_output_tokens.unwrap_or(0);
+        if needed > conversation.limit {
+            return Err(CannotFit {
+                needed,
+                window: conversation.window,
+            });
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,155 @@
+//! One summary per conversation at a time, across replicas: a lease in the store names the job
+//! (replica, attempt, the prefix it summarizes); others wait for its checkpoint when it covers a
+//! prefix of theirs. Also the no-progress guard, which stops compacting conversations whose
+//! compactions free nothing.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::identity::{self, Hash};
+use crate::store::Checkpoint;
+
+use super::conversation::{matches_prefix, Conversation};
+use super::{Engine, Mode, RequestContext, SummaryError};
+
+/// How often a request waiting for another's summary looks for the result.
+const WAIT_POLL: Duration = Duration::from_millis(40);
+
+/// A lease holder names the job: who, which attempt, and the prefix it summarizes.
+fn holder_name(replica: &str, attempt: u64, covered: usize, prefix: &str) -> String {
+    format!("{replica}.{attempt}/{covered}/{prefix}")
+}
+
+fn holder_job(holder: &str) -> Option<(usize, &str)> {
+    let mut parts = holder.splitn(3, '/');
+    parts.next()?;
+    let covered = parts.next()?.parse().ok()?;
+    Some((covered, parts.next()?))
+}
+
+impl Engine {
+    /// Makes (or waits for) a checkpoint for this conversation. Returns it and whether this call
+    /// wrote a new summary.
+    pub(super) async fn compact(
+        self: &Arc<Self>,
+        context: &RequestContext,
+        conversation: &Conversation<'_>,
+        base: Option<&Checkpoint>,
+        harder: bool,
+        ahead_of_time: bool,
+        started: Instant,
+    ) -> Result<(Checkpoint, bool), SummaryError> {
+        let anchor = conversation.anchor.ok_or(SummaryError::Nothing)?;
+        let lease_key = format!("lease:{}", identity::hex(&anchor));
+        let deadline = started + Duration::from_millis(self.config.summary_timeout_ms);
+        let mut base = base.cloned();
+        loop {
+            let plan = self.plan(conversation, base.as_ref(), harder, ahead_of_time)?;
+            let prefix = identity::hex(&conversation.chain[plan.cut - 1]);
+            let attempt = self.attempts.fetch_add(1, Ordering::Relaxed);
+            let holder = holder_name(&self.replica, attempt, plan.cut, &prefix);
+            let ttl = Duration::from_millis(self.config.summary_timeout_ms + 10_000);
+            let leased = match self.store.try_lease(&lease_key, &holder, ttl).await {
+                Ok(leased) => leased,
+                Err(e) => {
+                    self.metrics.store_errors.inc();
+                    tracing::warn!(error = %e, "Taking the summary lease failed; summarizing without it.");
+                    true
+                }
+            };
+            if leased {
+                let result = self
+                    .summarize_and_store(context, conversation, base.as_ref(), &plan, ahead_of_time)
+                    .await;
+                if let Err(e) = self.store.release_lease(&lease_key, &holder).await {
+                    tracing::warn!(error = %e, "Releasing the summary lease failed; it will expire.");
+                }
+                return result.map(|cp| (cp, true));
+            }
+            // Someone else is summarizing this conversation. Wait for their result if it is a
+            // prefix of ours; an edited history (a job on another prefix) does not wait.
+            let other = self.store.lease_holder(&lease_key).await.ok().flatten();
+            let theirs = other.as_deref().and_then(holder_job);
+            let ours = theirs.is_some_and(|(covered, prefix)| {
+                covered > 0
+                    && conversation
+                        .chain
+                        .get(covered - 1)
+                        .is_some_and(|h| identity::hex(h) == prefix)
+            });
+            if other.is_some() && !ours {
+                let result = self
+                    .summarize_and_store(context, conversation, base.as_ref(), &plan, ahead_of_time)
+                    .await;
+                return result.map(|cp| (cp, true));
+            }
+            loop {
+                if Instant::now() >= deadline {
+                    return Err(SummaryError::Timeout);
+                }
+                tokio::time::sleep(WAIT_POLL).await;
+                let fresh = self
+                    .store
+                    .for_anchor(&identity::hex(&anchor))
+                    .await
+                    .ok()
+                    .and_then(|list| {
+                        list.iter()
+                            .find(|c| {
+                                matches_prefix(c, &conversation.chain)
+                                    && c.covered > base.as_ref().map_or(0, |b| b.covered)
+                            })
+                            .cloned()
+                    });
+                if let Some(cp) = fresh {
+                    let view = self.view(conversation, Some(&cp));
+                    if self.fits(conversation, &view) || context.mode == Mode::Force {
+                        return Ok((cp, false));
+                    }
+                    // Their checkpoint helps but is not enough: extend it.
+                    base = Some(cp);
+                    break;
+                }
+                if self
+                    .store
+                    .lease_holder(&lease_key)
+                    .await
+                    .ok()
+                    .flatten()
+                    .is_none()
+                {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// The no-progress guard: compactions in a row that freed nothing stop being tried.
+    pub(super) fn is_stuck(&self, anchor: Option<Hash>) -> bool {
+        anchor
+            .and_then(|a| self.unproductive.get(&a).map(|n| *n))
+            .is_some_and(|n| n >= self.config.max_unproductive_compactions)
+    }
+
+    pub(super) fn note_progress(&self, anchor: Option<Hash>, productive: bool) {
+        let Some(anchor) = anchor else { return };
+        if productive {
+            self.unproductive.remove(&anchor);
+        } else {
+            *self.unproductive.entry(anchor).or_insert(0) += 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_holders_name_their_job() {
+        let h = holder_name("r1", 7, 12, "abcd");
+        assert_eq!(holder_job(&h), Some((12, "abcd")));
+        assert_eq!(holder_job("garbage"), None);
+    }
+}

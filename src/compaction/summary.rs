@@ -1,0 +1,323 @@
+//! Stage `summarize`, the engine's side of it: how much to keep verbatim (the plan's budget),
+//! asking the summarizer for the covered span (in chunks folded oldest first when it is larger
+//! than the summarizer's window), and storing the checkpoint only when it frees tokens.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::identity;
+use crate::measure::{calibration, Encoding, REPLY_PRIMING};
+use crate::store::Checkpoint;
+use crate::upstream;
+
+use super::conversation::{Conversation, View};
+use super::plan::{self, PlanError, PlanInput};
+use super::{
+    files, summarize, Engine, Mode, Outcome, Prepared, RequestContext, Status, SummaryError,
+};
+
+impl Engine {
+    /// Stage `summarize`: makes (or waits for) a checkpoint that covers more of the
+    /// conversation, then rewrites the request through it; serves a fallback when that fails.
+    pub(super) async fn summarize(
+        self: &Arc<Self>,
+        context: &RequestContext,
+        conversation: &Conversation<'_>,
+        view: &View<'_>,
+        after_overflow: bool,
+        mut outcome: Outcome,
+    ) -> Prepared {
+        let trigger = if after_overflow {
+            "overflow"
+        } else if context.mode == Mode::Force {
+            "forced"
+        } else {
+            "threshold"
+        };
+        let started = Instant::now();
+        let result = self
+            .compact(
+                context,
+                conversation,
+                view.checkpoint,
+                after_overflow,
+                false,
+                started,
+            )
+            .await;
+        outcome.summary_time = started.elapsed();
+        match result {
+            Ok((checkpoint, summarized)) => {
+                if summarized {
+                    self.metrics
+                        .compactions
+                        .get_or_create(&crate::metrics::TriggerLabel { trigger })
+                        .inc();
+                    outcome.summarized = true;
+                } else if checkpoint.ahead_of_time {
+                    outcome.ready_checkpoint_used = true;
+                    self.metrics.ready_checkpoints_used.inc();
+                }
+                let view = self.view(conversation, Some(&checkpoint));
+                let fits = self.fits(conversation, &view);
+                self.note_progress(conversation.anchor, fits);
+                self.rewrite(conversation, &view, outcome)
+            }
+            Err(e) => {
+                self.metrics.compaction_failures.inc();
+                self.note_progress(conversation.anchor, false);
+                tracing::warn!(reason = %e, "Compaction failed; serving the request without it.");
+                outcome.status = Some(Status::Failed {
+                    reason: e.to_string(),
+                    fallback: "original",
+                });
+                self.fallback(conversation, view, outcome)
+            }
+        }
+    }
+
+    pub(super) fn plan(
+        &self,
+        conversation: &Conversation<'_>,
+        base: Option<&Checkpoint>,
+        harder: bool,
+        ahead_of_time: bool,
+    ) -> Result<plan::Plan, SummaryError> {
+        let fixed = Self::instruction_tokens(conversation)
+            + conversation.measured.tools_tokens
+            + REPLY_PRIMING;
+        let summary_allowance = self.summary_allowance(conversation.window);
+        let usable = conversation
+            .limit
+            .saturating_sub(conversation.reserve)
+            .saturating_sub(calibration::apply(
+                fixed + summary_allowance,
+                conversation.factor,
+            ));
+        // Half of what is left stays verbatim, so the conversation has room to grow before the
+        // next compaction; counts are raw tokens, so undo the calibration factor.
+        let mut keep = ((usable / 2) as f64 / conversation.factor) as u64;
+        keep = keep.min(self.config.keep_recent_tokens);
+        if harder {
+            keep /= 2;
+        }
+        if conversation.mode == Mode::Force {
+            // Asked to compact now (`/compact`): keep only the newest quarter of the conversation.
+            keep = keep.min(conversation.measured.total() / 4);
+        }
+        if ahead_of_time {
+            // Written now, applied later: leave room for what the conversation adds until then.
+            let current = self.view(conversation, base).tokens;
+            let growth = (conversation.limit.saturating_sub(conversation.reserve) as f64
+                / conversation.factor) as u64;
+            keep = keep.saturating_sub(growth.saturating_sub(current));
+        }
+        let input = PlanInput {
+            roles: &conversation.roles,
+            tokens: &conversation.message_tokens,
+            start: base.map_or(0, |b| b.covered),
+            pinned: base.and_then(|b| b.pinned_user),
+            keep_budget: keep,
+        };
+        plan::plan(&input).map_err(|PlanError::NothingToSummarize| SummaryError::Nothing)
+    }
+
+    pub(super) fn summary_allowance(&self, window: u64) -> u64 {
+        self.config.summary_max_tokens.min(window / 8).max(128)
+    }
+
+    /// Writes the summary for `plan`, checks it helps, and stores the checkpoint.
+    pub(super) async fn summarize_and_store(
+        &self,
+        context: &RequestContext,
+        conversation: &Conversation<'_>,
+        base: Option<&Checkpoint>,
+        plan: &plan::Plan,
+        ahead_of_time: bool,
+    ) -> Result<Checkpoint, SummaryError> {
+        let request = conversation.request;
+        let input = PlanInput {
+            roles: &conversation.roles,
+            tokens: &conversation.message_tokens,
+            start: base.map_or(0, |b| b.covered),
+            pinned: base.and_then(|b| b.pinned_user),
+            keep_budget: 0,
+        };
+        let span: Vec<&crate::request::Message> = plan
+            .newly_covered(&input)
+            .into_iter()
+            .map(|i| &request.messages[i])
+            .collect();
+        let started = Instant::now();
+        let timeout = Duration::from_millis(self.config.summary_timeout_ms);
+        let summary = tokio::time::timeout(
+            timeout,
+            self.write_summary(
+                context,
+                conversation,
+                base.map(|b| b.summary.as_str()),
+                &span,
+            ),
+        )
+        .await
+        .map_err(|_| SummaryError::Timeout)??;
+        self.metrics
+            .summary_seconds
+            .observe(started.elapsed().as_secs_f64());
+        let mut files = match base {
+            Some(b) => files::FileOps::from_lists(&b.files_read, &b.files_modified),
+            None => files::FileOps::default(),
+        };
+        files.collect(span.iter().copied());
+        let (files_read, files_modified) = files.into_lists();
+        let prefix_hash = identity::hex(&conversation.chain[plan.cut - 1]);
+        let created_ms = crate::store::now_ms();
+        let id = identity::hex(
+            blake3::hash(format!("{prefix_hash}/{created_ms}/{}", self.replica).as_bytes())
+                .as_bytes(),
+        )[..24]
+            .to_string();
+        let mut checkpoint = Checkpoint {
+            id,
+            tenant: identity::hex(&context.tenant),
+            anchor: identity::hex(&conversation.anchor.ok_or(SummaryError::Nothing)?),
+            covered: plan.cut,
+            prefix_hash,
+            pinned_user: plan.pinned_user,
+            truncations: plan.truncations.clone(),
+            summary,
+            files_read,
+            files_modified,
+            tokens_before: 0,
+            tokens_after: 0,
+            created_ms,
+            model: request.model.clone(),
+            ahead_of_time,
+        };
+        let before = self.view(conversation, base).tokens;
+        let after = self.view(conversation, Some(&checkpoint)).tokens;
+        if after >= before {
+            return Err(SummaryError::NoReduction);
+        }
+        checkpoint.tokens_before =
+            calibration::apply(conversation.measured.total(), conversation.factor);
+        checkpoint.tokens_after = calibration::apply(after, conversation.factor);
+        self.metrics.tokens_saved.inc_by(before - after);
+        if let Err(e) = self.store.put(&checkpoint).await {
+            self.metrics.store_errors.inc();
+            tracing::warn!(error = %e, "Storing the checkpoint failed; it serves this request only.");
+        }
+        tracing::info!(
+            checkpoint = %checkpoint.id,
+            covered = checkpoint.covered,
+            tokens_before = checkpoint.tokens_before,
+            tokens_after = checkpoint.tokens_after,
+            ahead_of_time,
+            "Compacted a conversation."
+        );
+        Ok(checkpoint)
+    }
+
+    /// Summarizes `span`, folding it into `previous`, in chunks that fit the summarizer.
+    async fn write_summary(
+        &self,
+        context: &RequestContext,
+        conversation: &Conversation<'_>,
+        previous: Option<&str>,
+        span: &[&crate::request::Message],
+    ) -> Result<String, SummaryError> {
+        if span.is_empty() {
+            return Err(SummaryError::Nothing);
+        }
+        let model = if self.summarizer.model.is_empty() {
+            conversation.request.model.clone()
+        } else {
+            self.summarizer.model.clone()
+        };
+        let window = if self.summarizer.window > 0 {
+            self.summarizer.window
+        } else {
+            self.window_for(&model).await
+        };
+        let max_tokens = self.summary_allowance(conversation.window.min(window));
+        let encoding = Encoding::for_model(&model);
+        let factor = calibration::initial_factor(&model).max(conversation.factor);
+        let usable = ((window.saturating_sub(self.config.margin_tokens.min(window / 16)) as f64)
+            / factor) as u64;
+        let budget_for = |previous: Option<&str>| {
+            usable
+                .saturating_sub(max_tokens)
+                .saturating_sub(summarize::fixed_cost(encoding))
+                .saturating_sub(previous.map_or(0, |p| encoding.count(p)))
+        };
+        let entries: Vec<String> = span
+            .iter()
+            .map(|m| summarize::transcript_entry(m))
+            .collect();
+        let instructions: Vec<&str> = [
+            self.config.instructions.as_str(),
+            context.instructions.as_deref().unwrap_or(""),
+        ]
+        .into_iter()
+        .collect();
+        // Chunks are sized for the largest summary the previous step could leave behind.
+        let chunks = summarize::chunk(
+            entries,
+            encoding,
+            budget_for(previous).saturating_sub(max_tokens).max(256),
+        );
+        let mut running = previous.map(str::to_string);
+        for chunk in chunks {
+            let body = summarize::request_body(
+                &model,
+                running.as_deref(),
+                &chunk,
+                &instructions,
+                max_tokens,
+            );
+            running = Some(self.ask_summarizer(context, &body).await?);
+        }
+        running.ok_or(SummaryError::Nothing)
+    }
+
+    async fn ask_summarizer(
+        &self,
+        context: &RequestContext,
+        body: &serde_json::Value,
+    ) -> Result<String, SummaryError> {
+        let mut headers = context.credentials.clone();
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/json"),
+        );
+        headers.insert(
+            "x-compactor-purpose",
+            http::HeaderValue::from_static("summary"),
+        );
+        let bytes = serde_json::to_vec(body).map_err(|e| SummaryError::Upstream(e.to_string()))?;
+        let mut response = self
+            .summary_upstream
+            .send(
+                http::Method::POST,
+                "/chat/completions",
+                headers,
+                upstream::body_from(bytes),
+            )
+            .await
+            .map_err(|e| match e {
+                upstream::UpstreamError::Timeout(_) => SummaryError::Timeout,
+                other => SummaryError::Upstream(other.to_string()),
+            })?;
+        let body = response
+            .read_body(8 * 1024 * 1024)
+            .await
+            .map_err(|e| SummaryError::Upstream(e.to_string()))?;
+        if !response.status.is_success() {
+            return Err(SummaryError::Upstream(format!(
+                "status {}",
+                response.status.as_u16()
+            )));
+        }
+        Ok(summarize::read_answer(&body)?)
+    }
+}

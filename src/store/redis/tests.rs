@@ -1,0 +1,177 @@
+//! The Redis store against a real server: the store contract, sharing between replicas, key
+//! expiry and trimming.
+
+use std::future::Future;
+use std::time::Instant;
+
+use super::*;
+
+use crate::store::contract::{check, sample};
+
+use super::redis_server::RedisServer;
+
+#[tokio::test]
+async fn meets_the_store_contract() {
+    let server = RedisServer::start();
+    let store = RedisStore::open(&server.url(), Duration::ZERO)
+        .await
+        .unwrap();
+    assert!(store.healthy());
+    check(&store).await;
+    assert!(store.healthy());
+}
+
+#[tokio::test]
+async fn bad_urls_are_refused_without_echoing_them() {
+    let Err(e) = RedisStore::open("redis://:secret@[nope", Duration::ZERO).await else {
+        panic!("accepted")
+    };
+    assert!(!e.to_string().contains("secret"), "{e}");
+    assert!(
+        RedisStore::open("rediss://:secret@localhost/", Duration::ZERO)
+            .await
+            .is_err()
+    );
+}
+
+#[tokio::test]
+async fn replicas_share_checkpoints_facts_and_leases() {
+    let server = RedisServer::start();
+    let one = RedisStore::open(&server.url(), Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let two = RedisStore::open(&server.url(), Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let cp = sample("a", 5, crate::store::now_ms());
+    one.put(&cp).await.unwrap();
+    assert_eq!(*two.for_anchor("a").await.unwrap(), vec![cp.clone()]);
+    assert_eq!(two.get(&cp.id).await.unwrap(), Some(cp));
+    let facts = ModelFacts {
+        window: Some(8192),
+        calibration: None,
+    };
+    two.put_model_facts("m", facts).await.unwrap();
+    assert_eq!(one.model_facts("m").await.unwrap(), facts);
+
+    let ttl = Duration::from_secs(30);
+    assert!(one.try_lease("conv", "r1", ttl).await.unwrap());
+    assert!(!two.try_lease("conv", "r2", ttl).await.unwrap());
+    one.release_lease("conv", "r1").await.unwrap();
+    assert!(two.try_lease("conv", "r2", ttl).await.unwrap());
+}
+
+#[tokio::test]
+async fn trimmed_checkpoints_are_deleted_and_keys_expire() {
+    let server = RedisServer::start();
+    let store = RedisStore::open(&server.url(), Duration::from_millis(400))
+        .await
+        .unwrap();
+    for i in 0..12 {
+        store
+            .put(&sample("c", i, crate::store::now_ms() + i as u64))
+            .await
+            .unwrap();
+    }
+    let list = store.for_anchor("c").await.unwrap();
+    assert_eq!(
+        list.iter().map(|c| c.covered).collect::<Vec<_>>(),
+        (4..12).rev().collect::<Vec<_>>()
+    );
+    let client = Client::open(server.url()).unwrap();
+    let mut raw = client.get_multiplexed_async_connection().await.unwrap();
+    let keys: Vec<String> = raw.keys("compactor:cp:*").await.unwrap();
+    assert_eq!(keys.len(), CHECKPOINTS_PER_CONVERSATION);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(store.for_anchor("c").await.unwrap().is_empty());
+    let keys: Vec<String> = raw.keys("compactor:*").await.unwrap();
+    assert!(keys.is_empty(), "left behind: {keys:?}");
+}
+
+/// Quick timing against the SQLite store (µs per call, averaged over 1000 calls):
+/// `cargo test --release --lib store::redis::tests::latency -- --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "timing report, not a test"]
+async fn latency_against_sqlite() {
+    const N: usize = 1000;
+    async fn per_call<F: Future>(mut f: impl FnMut(usize) -> F) -> f64 {
+        let started = Instant::now();
+        for i in 0..N {
+            f(i).await;
+        }
+        started.elapsed().as_secs_f64() * 1e6 / N as f64
+    }
+    let server = RedisServer::start();
+    let redis = RedisStore::open(&server.url(), Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let sqlite = crate::store::sqlite::SqliteStore::open(
+        &dir.path().join("t.db"),
+        Duration::from_secs(3600),
+    )
+    .unwrap();
+    let stores: [(&str, &dyn CheckpointStore); 2] = [("redis", &redis), ("sqlite", &sqlite)];
+    for (name, store) in stores {
+        let base = crate::store::now_ms();
+        // 100 conversations with 8 checkpoints each (after trimming), 100 with one.
+        let put = per_call(|i| async move {
+            store
+                .put(&sample(&format!("full{}", i % 100), i, base + i as u64))
+                .await
+                .unwrap()
+        })
+        .await;
+        for i in 0..100 {
+            store
+                .put(&sample(&format!("one{i}"), 3, base))
+                .await
+                .unwrap();
+        }
+        let hit8 = per_call(|i| async move {
+            assert_eq!(
+                store
+                    .for_anchor(&format!("full{}", i % 100))
+                    .await
+                    .unwrap()
+                    .len(),
+                8
+            )
+        })
+        .await;
+        let hit1 = per_call(|i| async move {
+            assert_eq!(
+                store
+                    .for_anchor(&format!("one{}", i % 100))
+                    .await
+                    .unwrap()
+                    .len(),
+                1
+            )
+        })
+        .await;
+        let miss = per_call(|i| async move {
+            assert!(store
+                .for_anchor(&format!("none{i}"))
+                .await
+                .unwrap()
+                .is_empty())
+        })
+        .await;
+        store
+            .put_model_facts(
+                "m",
+                ModelFacts {
+                    window: Some(1),
+                    calibration: None,
+                },
+            )
+            .await
+            .unwrap();
+        let facts = per_call(|_| async { store.model_facts("m").await.unwrap() }).await;
+        println!(
+            "{name:>6}: put {put:6.1}  for_anchor 8 checkpoints {hit8:6.1}, 1 checkpoint {hit1:6.1}, \
+             none {miss:6.1}  model_facts {facts:6.1}  (µs per call)"
+        );
+    }
+}
