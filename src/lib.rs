@@ -19,6 +19,7 @@
 pub mod cli;
 pub mod compaction;
 pub mod config;
+pub mod dialect;
 pub mod http;
 pub mod identity;
 pub mod measure;

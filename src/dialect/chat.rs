@@ -1,0 +1,204 @@
+//! Chat completions (`POST /v1/chat/completions`): the first dialect, and the reference for
+//! writing others.
+//!
+//! Elements are the `messages`; system and developer messages are instructions (pinned
+//! wherever they stand); `tools` (and legacy `functions`) are the rest of the head. Errors are
+//! OpenAI's `{"error": {"message", "type", "param", "code"}}`.
+
+use serde_json::json;
+
+use crate::compaction::{files, rewrite, summarize};
+use crate::identity::{self, Hash};
+use crate::measure::overflow::{self, Overflow};
+use crate::measure::{count_message, Encoding, TOKENS_FOR_TOOLS};
+use crate::request::ChatRequest;
+
+use super::{
+    AnswerError, ClientError, Dialect, FileOps, RequestError, Rewrite, Role, SummaryRequest,
+    WireRequest,
+};
+
+/// The chat completions dialect.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Chat;
+
+impl Dialect for Chat {
+    fn name(&self) -> &'static str {
+        "chat"
+    }
+
+    fn parse(&self, body: &[u8]) -> Result<Box<dyn WireRequest>, RequestError> {
+        Ok(Box::new(ChatRequest::parse(body)?))
+    }
+
+    fn overflow(&self, status: u16, body: &[u8]) -> Option<Overflow> {
+        overflow::classify(status, body)
+    }
+
+    /// Some OpenAI-compatible servers answer 200 and then send the error as the first SSE
+    /// event: `data: {"error": {...}}`.
+    fn overflow_in_stream(&self, head: &[u8]) -> Option<Overflow> {
+        let text = std::str::from_utf8(head).ok()?;
+        let payload = text
+            .lines()
+            .map(str::trim)
+            .find(|l| !l.is_empty() && !l.starts_with(':'))?
+            .strip_prefix("data:")?
+            .trim();
+        let value: serde_json::Value = serde_json::from_str(payload).ok()?;
+        value.get("error")?;
+        overflow::classify(400, payload.as_bytes())
+    }
+
+    fn error_body(&self, error: &ClientError) -> serde_json::Value {
+        json!({"error": {
+            "message": error.message,
+            "type": error.kind,
+            "param": error.param,
+            "code": error.code,
+        }})
+    }
+
+    fn summary_path(&self) -> &'static str {
+        "/chat/completions"
+    }
+
+    fn summary_request(&self, request: &SummaryRequest<'_>) -> serde_json::Value {
+        json!({
+            "model": request.model,
+            "messages": [
+                {"role": "system", "content": request.system},
+                {"role": "user", "content": request.user},
+            ],
+            "max_tokens": request.max_tokens,
+            "temperature": 0.2,
+            "stream": false,
+        })
+    }
+
+    fn summary_answer(&self, body: &[u8]) -> Result<String, AnswerError> {
+        summarize::read_answer(body)
+    }
+}
+
+impl WireRequest for ChatRequest {
+    fn model(&self) -> &str {
+        &self.model
+    }
+
+    fn stream(&self) -> bool {
+        self.stream
+    }
+
+    fn max_output_tokens(&self) -> Option<u64> {
+        self.max_output_tokens
+    }
+
+    fn len(&self) -> usize {
+        self.messages.len()
+    }
+
+    fn role(&self, index: usize) -> Role {
+        self.messages[index].role
+    }
+
+    fn raw(&self, index: usize) -> &str {
+        self.messages[index].raw.get()
+    }
+
+    fn canonical(&self, index: usize) -> Hash {
+        identity::canonical_hash(&self.messages[index].raw)
+    }
+
+    fn transcript(&self, index: usize) -> String {
+        summarize::transcript_entry(&self.messages[index])
+    }
+
+    fn tokens(&self, encoding: Encoding, index: usize) -> u64 {
+        count_message(encoding, &self.messages[index])
+    }
+
+    fn file_ops(&self, index: usize) -> FileOps {
+        let mut ops = files::FileOps::default();
+        ops.collect([&self.messages[index]]);
+        let (read, modified) = ops.into_lists();
+        FileOps { read, modified }
+    }
+
+    fn head_tokens(&self, encoding: Encoding) -> u64 {
+        self.tools_raw()
+            .map(|raw| encoding.count(raw) + TOKENS_FOR_TOOLS)
+            .sum()
+    }
+
+    fn original_body(&self, force_usage: bool) -> Vec<u8> {
+        ChatRequest::original_body(self, force_usage)
+    }
+
+    fn render(&self, rewrite: &Rewrite<'_>, force_usage: bool) -> Vec<u8> {
+        let messages = rewrite::rewrite(
+            self,
+            rewrite.checkpoint,
+            rewrite.tokens,
+            rewrite.merge_into_user,
+        );
+        self.to_body(messages.iter().map(|m| &**m), force_usage)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_and_reads_summary_requests() {
+        let body = Chat.summary_request(&SummaryRequest {
+            model: "m",
+            system: "sys",
+            user: "transcript",
+            max_tokens: 500,
+        });
+        assert_eq!(body["messages"][0]["content"], "sys");
+        assert_eq!(body["messages"][1]["content"], "transcript");
+        assert_eq!(body["max_tokens"], 500);
+        assert_eq!(
+            Chat.summary_answer(br###"{"choices":[{"message":{"content":"## Goal\nx"}}]}"###)
+                .unwrap(),
+            "## Goal\nx"
+        );
+    }
+
+    #[test]
+    fn recognises_an_overflow_sent_as_the_first_stream_event() {
+        let head = b"data: {\"error\":{\"message\":\"This model's maximum context length is 8192 tokens.\",\"code\":\"context_length_exceeded\"}}\n\n";
+        assert_eq!(Chat.overflow_in_stream(head).unwrap().limit, Some(8192));
+        let normal = b"data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n";
+        assert_eq!(Chat.overflow_in_stream(normal), None);
+        assert_eq!(Chat.overflow(429, b"too many tokens"), None);
+    }
+
+    #[test]
+    fn errors_are_in_the_openai_shape() {
+        let body = Chat.error_body(&ClientError {
+            status: 400,
+            kind: "invalid_request_error",
+            code: Some("context_length_exceeded"),
+            param: Some("messages".into()),
+            message: "too long".into(),
+        });
+        assert_eq!(body["error"]["code"], "context_length_exceeded");
+        assert_eq!(body["error"]["param"], "messages");
+    }
+
+    #[test]
+    fn elements_are_the_messages() {
+        let request = Chat
+            .parse(br#"{"model":"m","tools":[{"type":"function","function":{"name":"read"}}],"messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hi"}]}"#)
+            .unwrap();
+        assert_eq!(request.len(), 2);
+        assert_eq!(request.role(0), Role::System);
+        assert_eq!(request.raw(1), r#"{"role":"user","content":"hi"}"#);
+        assert!(request.head_tokens(Encoding::O200k) > TOKENS_FOR_TOOLS);
+        assert_eq!(request.transcript(1), "[user]\nhi\n");
+    }
+}

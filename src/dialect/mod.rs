@@ -1,0 +1,202 @@
+//! Dialects: one wire format each, turned into what the compaction core needs and back.
+//!
+//! Clients speak chat completions (`/v1/chat/completions`), Anthropic Messages (`/v1/messages`)
+//! and OpenAI Responses (`/v1/responses`). The core never sees a format: a [`Dialect`] parses a
+//! body into a [`WireRequest`], and the core works on what that exposes, in request order:
+//!
+//! 1. **the pinned head**: what is never summarized and is forwarded byte for byte
+//!    (chat: `tools`, plus every system/developer message wherever it stands; Messages: `system`
+//!    and `tools`; Responses: `instructions`, `tools` and developer items). Its cost is
+//!    [`WireRequest::head_tokens`]; instruction elements carry [`Role::System`] or
+//!    [`Role::Developer`].
+//! 2. **the elements** of the conversation, in order, each with its [`Role`], its original bytes
+//!    ([`WireRequest::raw`]), its [`canonical`](WireRequest::canonical) hash for the conversation's
+//!    hash chain, a plain-text [`transcript`](WireRequest::transcript) for the summarizer, and its
+//!    [`tokens`](WireRequest::tokens). Elements group into **units** ([`units`]), the smallest
+//!    spans that may be cut between: a user message; an assistant step with every result of its
+//!    tool calls. A dialect maps its own shapes onto roles so that this grouping holds (a
+//!    Messages user message made of `tool_result` blocks is [`Role::Tool`]; a Responses
+//!    `function_call` item is [`Role::Assistant`] and its `function_call_output` is
+//!    [`Role::Tool`]).
+//! 3. **the rewritten body** ([`WireRequest::render`]): the head untouched, one summary message
+//!    in the dialect's own shape, then the kept elements' original bytes; every field the proxy
+//!    does not know survives in place.
+//! 4. **the provider's answer**: [`Dialect::overflow`] recognises "context full" in an error
+//!    response, [`Dialect::overflow_in_stream`] in the first event of a stream that failed before
+//!    any output; [`Dialect::error_body`] answers a client in its own error shape when
+//!    compaction cannot help.
+//! 5. **summary requests** in the format ([`Dialect::summary_request`],
+//!    [`Dialect::summary_answer`]), so that a summarizer can be a model of this provider.
+//!
+//! Adding a dialect is a new file here implementing both traits, plus a route in
+//! [`crate::http`] that parses with it. [`chat`] is the reference implementation.
+
+pub mod chat;
+
+use std::ops::Range;
+
+use crate::identity::Hash;
+use crate::measure::overflow::Overflow;
+use crate::measure::Encoding;
+use crate::store::Checkpoint;
+
+pub use crate::compaction::summarize::AnswerError;
+pub use crate::request::{RequestError, Role};
+
+/// A wire format: parsing its requests, recognising its provider's errors, writing its errors
+/// and its summary requests. One value per format, shared by all requests.
+pub trait Dialect: Send + Sync + 'static {
+    /// Short stable name for logs, metric labels and headers: `chat`, `messages`, `responses`.
+    fn name(&self) -> &'static str;
+
+    /// Parses a request body. An error is the client's fault and becomes a 400 in this
+    /// dialect's error shape.
+    fn parse(&self, body: &[u8]) -> Result<Box<dyn WireRequest>, RequestError>;
+
+    /// Recognises "the prompt did not fit" in an error response (status and body), with the real
+    /// window and the provider's count of the prompt when it states them. Rate limits are never
+    /// overflows.
+    fn overflow(&self, status: u16, body: &[u8]) -> Option<Overflow>;
+
+    /// Recognises the same at the start of a successful (200) stream that failed before any
+    /// output: `head` holds the first bytes of the stream. The default: this provider always
+    /// reports overflows as error statuses.
+    fn overflow_in_stream(&self, head: &[u8]) -> Option<Overflow> {
+        let _ = head;
+        None
+    }
+
+    /// The body of an error answered by the proxy itself (not forwarded from upstream), in this
+    /// dialect's error shape.
+    fn error_body(&self, error: &ClientError) -> serde_json::Value;
+
+    /// Path of summary requests relative to the upstream base (chat: `/chat/completions`).
+    fn summary_path(&self) -> &'static str;
+
+    /// Writes a summary request in this format.
+    fn summary_request(&self, request: &SummaryRequest<'_>) -> serde_json::Value;
+
+    /// Reads the summary out of the answer to a summary request.
+    fn summary_answer(&self, body: &[u8]) -> Result<String, AnswerError>;
+}
+
+/// One parsed request of some dialect: the conversation as elements, and how to write it back.
+///
+/// Element indices run over the conversation in order (`0..len()`); checkpoints store how many
+/// leading elements they cover, so a dialect must number elements the same way for the same
+/// conversation on every request.
+pub trait WireRequest: Send + Sync {
+    /// The model asked for.
+    fn model(&self) -> &str;
+    /// Whether the client asked for a streamed answer.
+    fn stream(&self) -> bool;
+    /// The output budget the client asked for, if it did.
+    fn max_output_tokens(&self) -> Option<u64>;
+
+    /// Number of elements.
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The role element `index` plays (what the core plans with).
+    fn role(&self, index: usize) -> Role;
+    /// The element's original bytes, forwarded verbatim when it is kept.
+    fn raw(&self, index: usize) -> &str;
+    /// Hash of the element's canonical form (see [`crate::identity::canonical_hash`]): what a
+    /// client re-serializes differently from request to request must hash the same.
+    fn canonical(&self, index: usize) -> Hash;
+    /// The element as plain text for the summarizer's transcript (labelled, long tool results
+    /// cut in the middle).
+    fn transcript(&self, index: usize) -> String;
+    /// Tokens the element costs in the prompt, overhead included.
+    fn tokens(&self, encoding: Encoding, index: usize) -> u64;
+    /// File paths the element's tool calls read and modified, in order.
+    fn file_ops(&self, index: usize) -> FileOps {
+        let _ = index;
+        FileOps::default()
+    }
+
+    /// Tokens of the pinned head that is not an element (chat: `tools`), overhead included.
+    fn head_tokens(&self, encoding: Encoding) -> u64;
+
+    /// The body as the client sent it (with `force_usage`: asking a stream for its `usage`).
+    fn original_body(&self, force_usage: bool) -> Vec<u8>;
+
+    /// The body through `rewrite`: the head, the summary message in this dialect's shape, and
+    /// the kept elements' original bytes (cut to the checkpoint's truncations).
+    fn render(&self, rewrite: &Rewrite<'_>, force_usage: bool) -> Vec<u8>;
+}
+
+/// Paths a span of tool calls read and modified.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FileOps {
+    pub read: Vec<String>,
+    pub modified: Vec<String>,
+}
+
+/// How to write a request through a checkpoint.
+#[derive(Debug, Clone, Copy)]
+pub struct Rewrite<'a> {
+    /// Elements `[0..covered)` are replaced by the summary, except instructions and the pinned
+    /// user element; `truncations` cut kept elements' content in the middle.
+    /// The summary message's text is the checkpoint's summary with its file lists appended
+    /// ([`crate::compaction::rewrite::summary_text`]).
+    pub checkpoint: &'a Checkpoint,
+    /// Tokens per element (for truncations).
+    pub tokens: &'a [u64],
+    /// Merge the summary into the next user message instead of sending it on its own (for
+    /// backends that demand strict user/assistant alternation).
+    pub merge_into_user: bool,
+}
+
+/// A summary request, whatever its format.
+#[derive(Debug, Clone, Copy)]
+pub struct SummaryRequest<'a> {
+    pub model: &'a str,
+    /// The summarizer's system prompt.
+    pub system: &'a str,
+    /// The user message: previous summary, transcript, instructions.
+    pub user: &'a str,
+    pub max_tokens: u64,
+}
+
+/// An error the proxy answers itself, before or instead of the provider.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientError {
+    pub status: u16,
+    /// OpenAI's `type` vocabulary (`invalid_request_error`, `upstream_error`, `server_error`);
+    /// a dialect maps it onto its own.
+    pub kind: &'static str,
+    pub code: Option<&'static str>,
+    pub param: Option<String>,
+    pub message: String,
+}
+
+/// The units of a conversation: the smallest spans that may be cut between. A unit is one
+/// element plus the tool results right after it, so no result is ever separated from the
+/// assistant step that called it.
+pub fn units(roles: &[Role]) -> Vec<Range<usize>> {
+    let mut units: Vec<Range<usize>> = Vec::new();
+    for (i, role) in roles.iter().enumerate() {
+        let joins_previous = matches!(role, Role::Tool | Role::Other) && i > 0;
+        match units.last_mut() {
+            Some(last) if joins_previous => last.end = i + 1,
+            _ => units.push(i..i + 1),
+        }
+    }
+    units
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tool_results_stay_with_the_step_that_called_them() {
+        use Role::*;
+        let roles = [System, User, Assistant, Tool, Tool, Assistant, User, Tool];
+        assert_eq!(units(&roles), vec![0..1, 1..2, 2..5, 5..6, 6..8]);
+        assert_eq!(units(&[Tool, User]), vec![0..1, 1..2]);
+        assert!(units(&[]).is_empty());
+    }
+}
