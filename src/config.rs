@@ -30,6 +30,8 @@ pub struct Config {
     pub listen: String,
     pub upstream: String,
     pub upstream_key_env: String,
+    pub anthropic_upstream: String,
+    pub anthropic_upstream_key_env: String,
     pub store: String,
     pub max_body_bytes: usize,
     pub connect_timeout_ms: u64,
@@ -86,6 +88,8 @@ impl Default for Config {
             listen: "127.0.0.1:8787".into(),
             upstream: "https://api.openai.com/v1".into(),
             upstream_key_env: String::new(),
+            anthropic_upstream: "https://api.anthropic.com".into(),
+            anthropic_upstream_key_env: String::new(),
             store: "compactor.sqlite3".into(),
             max_body_bytes: 32 * 1024 * 1024,
             connect_timeout_ms: 10_000,
@@ -176,6 +180,7 @@ impl Config {
         }
         for (key, url) in [
             ("upstream", &self.upstream),
+            ("anthropic_upstream", &self.anthropic_upstream),
             ("summarizer.upstream", &self.summarizer.upstream),
         ] {
             if key == "summarizer.upstream" && url.is_empty() {
@@ -220,6 +225,11 @@ impl Config {
     /// The key named by `upstream_key_env`, read from the process environment.
     pub fn upstream_key(&self) -> Option<String> {
         read_key(&self.upstream_key_env)
+    }
+
+    /// The key named by `anthropic_upstream_key_env`, read from the process environment.
+    pub fn anthropic_upstream_key(&self) -> Option<String> {
+        read_key(&self.anthropic_upstream_key_env)
     }
 
     /// The key named by `summarizer.api_key_env`, read from the process environment.

@@ -15,7 +15,7 @@ use crate::http::{router, App};
 use crate::measure::{windows::WindowTable, Meter};
 use crate::metrics::Metrics;
 use crate::store::{self, CheckpointStore};
-use crate::upstream::Upstream;
+use crate::upstream::{KeyHeader, Upstream};
 
 /// Messages whose token counts are remembered.
 const METER_CACHE_MESSAGES: usize = 200_000;
@@ -51,6 +51,13 @@ pub fn build_with_store(
     let summary_upstream = upstream
         .with_base(summary_base, config.summarizer_key())
         .map_err(|e| e.to_string())?;
+    let anthropic_upstream = upstream
+        .for_provider(
+            &config.anthropic_upstream,
+            config.anthropic_upstream_key(),
+            KeyHeader::XApiKey,
+        )
+        .map_err(|e| e.to_string())?;
     let metrics = Arc::new(Metrics::default());
     let engine = Arc::new(Engine::new(
         config.compaction.clone(),
@@ -64,6 +71,7 @@ pub fn build_with_store(
     Ok(Arc::new(App {
         engine,
         upstream,
+        anthropic_upstream,
         metrics,
         max_body_bytes: config.max_body_bytes,
         calibrate_streams: config.compaction.calibrate_streams,

@@ -228,6 +228,43 @@ async fn models_pass_through() {
 }
 
 #[tokio::test]
+async fn messages_go_to_the_anthropic_upstream_with_its_own_key() {
+    let openai = start_mock().await;
+    let anthropic = start_mock().await;
+    let mut cfg = config(&openai.url());
+    cfg.anthropic_upstream = format!("http://{}", anthropic.addr);
+    cfg.anthropic_upstream_key_env = "COMPACTOR_TEST_ANTHROPIC_KEY".into();
+    std::env::set_var("COMPACTOR_TEST_ANTHROPIC_KEY", "sk-ant-configured");
+    let proxy = start_proxy(cfg).await;
+    for path in ["/v1/messages", "/v1/messages/count_tokens"] {
+        let response = client()
+            .post(format!("{}{path}?beta=true", proxy.url()))
+            .header("x-api-key", "sk-ant-client")
+            .body(json!({"model": "claude-x", "messages": []}).to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        let echo: Value = json_of(response).await;
+        assert_eq!(echo["path"], path);
+        assert_eq!(echo["query"], "beta=true");
+    }
+    let received = anthropic.state.others.lock().unwrap().clone();
+    assert_eq!(received.len(), 2);
+    assert_eq!(received[0].headers["x-api-key"], "sk-ant-configured");
+    assert!(received[0].headers.get("authorization").is_none());
+    assert!(openai.state.others.lock().unwrap().is_empty());
+    // Everything else still goes to the OpenAI-compatible upstream.
+    let response = client()
+        .get(format!("{}/v1/models", proxy.url()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(openai.state.others.lock().unwrap().len(), 1);
+}
+
+#[tokio::test]
 async fn embeddings_pass_through_with_query_and_headers() {
     let mock = start_mock().await;
     let proxy = start_proxy(config(&mock.url())).await;
@@ -705,6 +742,8 @@ fn check_config_prints_the_effective_config_with_secrets_redacted() {
         .arg("check-config")
         .env("COMPACTOR_ADMIN_TOKEN", "very-secret-admin-token")
         .env("COMPACTOR_UPSTREAM", "http://127.0.0.1:9/v1")
+        .env("COMPACTOR_ANTHROPIC_UPSTREAM", "http://127.0.0.1:10")
+        .env("COMPACTOR_ANTHROPIC_UPSTREAM_KEY_ENV", "ANTHROPIC_API_KEY")
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -717,6 +756,14 @@ fn check_config_prints_the_effective_config_with_secrets_redacted() {
     let shown: toml::Table = toml::from_str(&stdout).unwrap();
     assert_eq!(shown["admin_token"].as_str(), Some("<redacted>"));
     assert_eq!(shown["upstream"].as_str(), Some("http://127.0.0.1:9/v1"));
+    assert_eq!(
+        shown["anthropic_upstream"].as_str(),
+        Some("http://127.0.0.1:10")
+    );
+    assert_eq!(
+        shown["anthropic_upstream_key_env"].as_str(),
+        Some("ANTHROPIC_API_KEY")
+    );
     assert_eq!(shown["listen"].as_str(), Some("127.0.0.1:8787"));
     assert_eq!(shown["max_body_bytes"].as_integer(), Some(32 * 1024 * 1024));
 }

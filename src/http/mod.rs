@@ -29,6 +29,8 @@ pub use error::ApiError;
 pub struct App {
     pub engine: Arc<Engine>,
     pub upstream: Upstream,
+    /// Where `/v1/messages…` goes (the Anthropic provider).
+    pub anthropic_upstream: Upstream,
     pub metrics: Arc<Metrics>,
     pub max_body_bytes: usize,
     pub calibrate_streams: bool,
@@ -39,6 +41,8 @@ pub struct App {
 pub fn router(app: Arc<App>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat).fallback(passthrough))
+        .route("/v1/messages", any(passthrough))
+        .route("/v1/messages/{*rest}", any(passthrough))
         .route("/v1/{*rest}", any(passthrough))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -426,6 +430,18 @@ async fn passthrough(
     response
 }
 
+/// The provider a path goes to, and the path relative to its base: `/v1/messages…` keeps its
+/// whole path on the Anthropic upstream; everything else drops `/v1` on the OpenAI-compatible
+/// one, whose base already ends in it.
+fn upstream_for<'a, 'p>(app: &'a App, path: &'p str) -> (&'a Upstream, &'p str) {
+    let is_messages = path == "/v1/messages" || path.starts_with("/v1/messages/");
+    if is_messages {
+        (&app.anthropic_upstream, path)
+    } else {
+        (&app.upstream, path.strip_prefix("/v1").unwrap_or(path))
+    }
+}
+
 async fn passthrough_inner(
     app: &App,
     method: Method,
@@ -442,7 +458,7 @@ async fn passthrough_inner(
             limit: app.max_body_bytes,
         });
     }
-    let path = uri.path().strip_prefix("/v1").unwrap_or(uri.path());
+    let (upstream, path) = upstream_for(app, uri.path());
     let path_and_query = match uri.query() {
         Some(q) => format!("{path}?{q}"),
         None => path.to_string(),
@@ -450,8 +466,7 @@ async fn passthrough_inner(
     let stream = body
         .into_data_stream()
         .map(|r| r.map_err(std::io::Error::other));
-    let response = app
-        .upstream
+    let response = upstream
         .send(
             method,
             &path_and_query,

@@ -80,6 +80,16 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
+/// How a configured key is presented to the provider.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KeyHeader {
+    /// `Authorization: Bearer {key}` (OpenAI and compatible providers).
+    #[default]
+    Bearer,
+    /// `x-api-key: {key}` (Anthropic).
+    XApiKey,
+}
+
 /// The configured way to reach one provider.
 #[derive(Clone)]
 pub struct Upstream {
@@ -87,6 +97,7 @@ pub struct Upstream {
     /// Parsed once: building each request's URL from it is cheaper than parsing a string.
     base: reqwest::Url,
     key: Option<String>,
+    key_header: KeyHeader,
     first_byte_timeout: Duration,
 }
 
@@ -107,6 +118,7 @@ impl Upstream {
             client,
             base: parse_base(base)?,
             key,
+            key_header: KeyHeader::Bearer,
             first_byte_timeout,
         })
     }
@@ -117,6 +129,24 @@ impl Upstream {
             client: self.client.clone(),
             base: parse_base(base)?,
             key: key.or_else(|| self.key.clone()),
+            key_header: self.key_header,
+            first_byte_timeout: self.first_byte_timeout,
+        })
+    }
+
+    /// The same client and timeouts, aimed at another provider with its own key (none: the
+    /// client's credentials pass through), presented as `key_header`.
+    pub fn for_provider(
+        &self,
+        base: &str,
+        key: Option<String>,
+        key_header: KeyHeader,
+    ) -> Result<Upstream, UpstreamError> {
+        Ok(Upstream {
+            client: self.client.clone(),
+            base: parse_base(base)?,
+            key,
+            key_header,
             first_byte_timeout: self.first_byte_timeout,
         })
     }
@@ -153,12 +183,16 @@ impl Upstream {
             for name in CREDENTIAL_HEADERS {
                 headers.remove(*name);
             }
-            let value = HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| {
+            let (name, value) = match self.key_header {
+                KeyHeader::Bearer => (http::header::AUTHORIZATION, format!("Bearer {key}")),
+                KeyHeader::XApiKey => (HeaderName::from_static("x-api-key"), key.clone()),
+            };
+            let value = HeaderValue::from_str(&value).map_err(|_| {
                 UpstreamError::Unreachable(
                     "configured upstream key is not a valid header value".into(),
                 )
             })?;
-            headers.insert(http::header::AUTHORIZATION, value);
+            headers.insert(name, value);
         }
         let request = self.client.request(method, url).headers(headers).body(body);
         let response = match tokio::time::timeout(self.first_byte_timeout, request.send()).await {
