@@ -15,11 +15,13 @@
 //!
 //! [`config`] loads settings, [`metrics`] exports Prometheus counters, [`server`] builds the
 //! application and serves it with graceful shutdown, [`cli`] holds the subcommands.
+//! [`fidelity`] scores summaries against the span they replaced (the `fidelity` benchmark).
 
 pub mod cli;
 pub mod compaction;
 pub mod config;
 pub mod dialect;
+pub mod fidelity;
 pub mod http;
 pub mod identity;
 pub mod measure;

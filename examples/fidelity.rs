@@ -1,0 +1,369 @@
+//! The fidelity benchmark's driver (run it through `scripts/fidelity`, which starts the model).
+//!
+//! For each conversation file (a chat request body, as in `../shared/data/conversations`):
+//! choose the span Compactor's planner summarizes when it keeps the newest `--keep-tokens`
+//! verbatim, cap it to its newest `--span-tokens`, have the summarizer at `--url` write
+//! Compactor's summary of it, and score that summary, and the reference summary beside the file
+//! (`NAME.reference_summary.md`) when there is one, with `compactor::fidelity::score`. Prints a
+//! table and appends it to `--out`.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use compactor::compaction::{files::FileOps, rewrite, summarize};
+use compactor::fidelity::score::{self, Score, Share, SpanFacts};
+use compactor::fidelity::span;
+use compactor::measure::{calibration, Encoding, Meter};
+use compactor::request::{ChatRequest, Message};
+
+#[derive(Debug, Parser)]
+struct Args {
+    /// Conversation files (chat request bodies).
+    #[arg(required = true)]
+    files: Vec<PathBuf>,
+    /// Base URL of the summarizer (OpenAI-compatible, e.g. llama-server's `/v1`).
+    #[arg(long, default_value = "http://127.0.0.1:18090/v1")]
+    url: String,
+    #[arg(long, default_value = "qwen2.5-coder-0.5b-instruct")]
+    model: String,
+    /// The summarizer's context window, in tokens.
+    #[arg(long, default_value_t = 16384)]
+    window: u64,
+    /// Newest tokens kept verbatim; the rest is the span summarized.
+    #[arg(long, default_value_t = 20000)]
+    keep_tokens: u64,
+    /// Summarize only the newest tokens of the span, from a user message (0: the whole span).
+    #[arg(long, default_value_t = 12000)]
+    span_tokens: u64,
+    /// Longest summary, in tokens (default: what the proxy allows for this window).
+    #[arg(long)]
+    summary_tokens: Option<u64>,
+    /// Name of the variant measured, for the results.
+    #[arg(long, default_value = "current")]
+    label: String,
+    /// Score the reference summaries only; no model is asked.
+    #[arg(long)]
+    no_model: bool,
+    /// Markdown file the results are appended to.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Where each summary is written, for reading.
+    #[arg(long)]
+    summaries: Option<PathBuf>,
+    /// Print what each span expects: paths, salient entities, requests and their key words.
+    #[arg(long)]
+    verbose: bool,
+    /// Revision and date to print in the results.
+    #[arg(long, default_value = "unknown")]
+    revision: String,
+    #[arg(long, default_value = "unknown")]
+    date: String,
+}
+
+/// One scored summary of one conversation.
+struct Row {
+    conversation: String,
+    who: &'static str,
+    span: String,
+    score: Score,
+    tokens: u64,
+    budget: Option<u64>,
+    seconds: Option<f64>,
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    match run(&args).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("fidelity: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: &Args) -> Result<(), String> {
+    let budget = args
+        .summary_tokens
+        .unwrap_or_else(|| (args.window / 8).clamp(128, 4096));
+    let settings = format!(
+        "model `{}`, summarizer window {} tokens, summary budget {budget} tokens, newest {} tokens \
+         kept verbatim, span capped to its newest {} tokens from a user message",
+        args.model,
+        args.window,
+        args.keep_tokens,
+        if args.span_tokens == 0 { "all".to_string() } else { args.span_tokens.to_string() },
+    );
+    println!("{} ({settings})", args.label);
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(1800))
+        .build()
+        .map_err(|e| e.to_string())?;
+    let mut rows = Vec::new();
+    let mut missing = String::new();
+    for file in &args.files {
+        let name = file
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let body = std::fs::read(file).map_err(|e| format!("{}: {e}", file.display()))?;
+        let request = ChatRequest::parse(&body).map_err(|e| format!("{name}: {e}"))?;
+        let measured = Meter::new(4096).measure(&request);
+        let roles: Vec<_> = request.messages.iter().map(|m| m.role).collect();
+        let tokens: Vec<u64> = measured.messages.iter().map(|m| m.tokens).collect();
+        let cap = (args.span_tokens > 0).then_some(args.span_tokens);
+        let Some(chosen) = span::choose(&roles, &tokens, args.keep_tokens, cap) else {
+            println!(
+                "{name}: nothing to summarize at {} kept tokens",
+                args.keep_tokens
+            );
+            continue;
+        };
+        let span_label = format!(
+            "{} msgs, {} of {} tok",
+            chosen.messages.len(),
+            chosen.tokens,
+            chosen.full_tokens
+        );
+        let facts = SpanFacts::of(&request.messages, &chosen.messages);
+        let reference = std::fs::read_to_string(reference_path(file)).ok();
+        let entities = reference
+            .as_deref()
+            .map(|r| score::salient_entities(r, &facts));
+        if args.verbose {
+            println!("{name}: span {span_label}\n  paths: {:?}", facts.paths);
+            println!("  salient entities: {entities:?}");
+            for r in &facts.requests {
+                println!("  request in message {}: {:?}", r.message, r.key_words);
+            }
+        }
+        let row = |who, summary: &str, budget, seconds| Row {
+            conversation: name.clone(),
+            who,
+            span: span_label.clone(),
+            score: score::score(summary, &facts, entities.as_deref()),
+            tokens: Encoding::O200k.count(summary),
+            budget,
+            seconds,
+        };
+        if !args.no_model {
+            let span: Vec<&Message> = chosen
+                .messages
+                .iter()
+                .map(|&i| &request.messages[i])
+                .collect();
+            let started = Instant::now();
+            let summary = summarize_span(&client, args, &span, budget).await?;
+            let seconds = started.elapsed().as_secs_f64();
+            if let Some(dir) = &args.summaries {
+                let _ = std::fs::create_dir_all(dir);
+                let path = dir.join(format!("{}-{name}.md", args.label));
+                std::fs::write(&path, &summary).map_err(|e| format!("{}: {e}", path.display()))?;
+            }
+            let ours = row("ours", &summary, Some(budget), Some(seconds));
+            note_missing(&mut missing, &ours);
+            rows.push(ours);
+        }
+        if let Some(reference) = &reference {
+            rows.push(row("reference", reference, None, None));
+        }
+    }
+    let table = table(&rows);
+    print!("{table}");
+    if !missing.is_empty() {
+        print!("\nMissing from ours:\n{missing}");
+    }
+    if let Some(out) = &args.out {
+        append_results(out, args, &settings, &table, &missing)?;
+    }
+    Ok(())
+}
+
+fn reference_path(file: &Path) -> PathBuf {
+    file.with_extension("reference_summary.md")
+}
+
+/// Compactor's summary of `span`: the transcript in chunks that fit the summarizer, folded into
+/// one running summary, with the file lists appended, as the proxy does it.
+async fn summarize_span(
+    client: &reqwest::Client,
+    args: &Args,
+    span: &[&Message],
+    max_tokens: u64,
+) -> Result<String, String> {
+    let encoding = Encoding::for_model(&args.model);
+    let factor = calibration::initial_factor(&args.model);
+    let margin = 1024.min(args.window / 16);
+    let usable = ((args.window - margin) as f64 / factor) as u64;
+    // Room for the transcript beside the prompt, the largest previous summary and the answer.
+    let budget = usable
+        .saturating_sub(2 * max_tokens)
+        .saturating_sub(summarize::fixed_cost(encoding))
+        .max(256);
+    let entries = span
+        .iter()
+        .map(|m| summarize::transcript_entry(m))
+        .collect();
+    let mut running: Option<String> = None;
+    for chunk in summarize::chunk(entries, encoding, budget) {
+        let body =
+            summarize::request_body(&args.model, running.as_deref(), &chunk, &[], max_tokens);
+        let response = client
+            .post(format!(
+                "{}/chat/completions",
+                args.url.trim_end_matches('/')
+            ))
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .await
+            .map_err(|e| format!("summarizer: {e}"))?;
+        let status = response.status();
+        let bytes = response.bytes().await.map_err(|e| e.to_string())?;
+        if !status.is_success() {
+            return Err(format!("summarizer answered {status}"));
+        }
+        running = Some(summarize::read_answer(&bytes).map_err(|e| e.to_string())?);
+    }
+    let mut files = FileOps::default();
+    files.collect(span.iter().copied());
+    let (read, modified) = files.into_lists();
+    Ok(rewrite::summary_text(
+        &running.unwrap_or_default(),
+        &read,
+        &modified,
+    ))
+}
+
+fn percent(share: Option<&Share>) -> String {
+    match share.and_then(|s| s.percent().map(|p| (s, p))) {
+        Some((s, p)) => format!("{p:.0}% ({}/{})", s.found, s.total),
+        None => "n/a".into(),
+    }
+}
+
+fn table(rows: &[Row]) -> String {
+    let mut out = String::from(
+        "| conversation | summary | span | paths | salient entities | user requests | tokens / budget | seconds |\n\
+         |---|---|---|---|---|---|---|---|\n",
+    );
+    let line = |out: &mut String,
+                conv: &str,
+                who: &str,
+                span: &str,
+                s: &Score,
+                size: String,
+                secs: String| {
+        let _ = writeln!(
+            out,
+            "| {conv} | {who} | {span} | {} | {} | {} | {size} | {secs} |",
+            percent(Some(&s.paths)),
+            percent(s.entities.as_ref()),
+            percent(Some(&s.requests)),
+        );
+    };
+    for row in rows {
+        let size = match row.budget {
+            Some(b) => format!("{} / {b}", row.tokens),
+            None => row.tokens.to_string(),
+        };
+        let secs = row.seconds.map_or("n/a".into(), |s| format!("{s:.0}"));
+        line(
+            &mut out,
+            &row.conversation,
+            row.who,
+            &row.span,
+            &row.score,
+            size,
+            secs,
+        );
+    }
+    for who in ["ours", "reference"] {
+        let mine: Vec<&Row> = rows.iter().filter(|r| r.who == who).collect();
+        if mine.is_empty() {
+            continue;
+        }
+        let mut total = Score::default();
+        let mut entities = Share::default();
+        for r in &mine {
+            total.paths.add(&r.score.paths);
+            total.requests.add(&r.score.requests);
+            if let Some(e) = &r.score.entities {
+                entities.add(e);
+            }
+        }
+        total.entities = (entities.total > 0).then_some(entities);
+        let tokens: u64 = mine.iter().map(|r| r.tokens).sum();
+        let secs: f64 = mine.iter().filter_map(|r| r.seconds).sum();
+        let secs = if who == "ours" {
+            format!("{secs:.0}")
+        } else {
+            "n/a".into()
+        };
+        line(
+            &mut out,
+            "**total**",
+            who,
+            "",
+            &total,
+            tokens.to_string(),
+            secs,
+        );
+    }
+    out
+}
+
+fn note_missing(out: &mut String, row: &Row) {
+    let list = |share: Option<&Share>| {
+        share.map_or(String::new(), |s| {
+            let shown: Vec<&str> = s.missing.iter().take(20).map(String::as_str).collect();
+            let more = s.missing.len().saturating_sub(shown.len());
+            let more = if more > 0 {
+                format!(" … and {more} more")
+            } else {
+                String::new()
+            };
+            format!("{}{more}", shown.join(", "))
+        })
+    };
+    let _ = writeln!(
+        out,
+        "- {}: paths: {}; entities: {}; requests: {}",
+        row.conversation,
+        list(Some(&row.score.paths)),
+        list(row.score.entities.as_ref()),
+        list(Some(&row.score.requests)),
+    );
+}
+
+fn append_results(
+    out: &Path,
+    args: &Args,
+    settings: &str,
+    table: &str,
+    missing: &str,
+) -> Result<(), String> {
+    let mut text = std::fs::read_to_string(out).unwrap_or_default();
+    if text.is_empty() {
+        let _ = write!(
+            text,
+            "# Summary fidelity, {}\n\nProduced by `scripts/fidelity`. Each variant's summaries \
+             (ours) and the summaries the conversation's own agent wrote at the same point \
+             (reference), scored on the same span.\n\n## Extraction rules\n\n{}\n",
+            args.date,
+            score::RULES
+        );
+    }
+    let _ = write!(
+        text,
+        "\n## {} (revision {}, {})\n\n{settings}.\n\n{table}",
+        args.label, args.revision, args.date
+    );
+    if !missing.is_empty() {
+        let _ = write!(text, "\nMissing from ours:\n{missing}");
+    }
+    std::fs::write(out, text).map_err(|e| format!("{}: {e}", out.display()))
+}
