@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use compactor::compaction::{files::FileOps, rewrite, summarize};
+use compactor::compaction::{files::FileOps, record, rewrite, summarize};
 use compactor::fidelity::score::{self, Score, Share, SpanFacts};
 use compactor::fidelity::span;
 use compactor::measure::{calibration, Encoding, Meter};
@@ -149,21 +149,38 @@ async fn run(args: &Args) -> Result<(), String> {
             budget,
             seconds,
         };
+        let span: Vec<&Message> = chosen
+            .messages
+            .iter()
+            .map(|&i| &request.messages[i])
+            .collect();
+        let mut files = FileOps::default();
+        files.collect(span.iter().copied());
+        let (read, modified) = files.into_lists();
+        let encoding = Encoding::for_model(&args.model);
+        // What no model can lose: the record and the file lists, without any model text.
+        let mut variants = vec![(
+            "record + file lists only",
+            record::attach("", &span, None, encoding, budget),
+            None,
+        )];
         if !args.no_model {
-            let span: Vec<&Message> = chosen
-                .messages
-                .iter()
-                .map(|&i| &request.messages[i])
-                .collect();
             let started = Instant::now();
-            let summary = summarize_span(&client, args, &span, budget).await?;
-            let seconds = started.elapsed().as_secs_f64();
+            let model_text = summarize_span(&client, args, &span, budget).await?;
+            let seconds = Some(started.elapsed().as_secs_f64());
+            // What the proxy stores: the model's text, then the record.
+            let stored = record::attach(&model_text, &span, None, encoding, budget);
+            variants.push(("ours, model text + file lists", model_text, seconds));
+            variants.push(("ours, as stored (+ record)", stored, seconds));
+        }
+        for (slug, (who, text, seconds)) in ["record", "model", "stored"].iter().zip(variants) {
+            let summary = rewrite::summary_text(&text, &read, &modified);
             if let Some(dir) = &args.summaries {
                 let _ = std::fs::create_dir_all(dir);
-                let path = dir.join(format!("{}-{name}.md", args.label));
+                let path = dir.join(format!("{}-{name}-{slug}.md", args.label));
                 std::fs::write(&path, &summary).map_err(|e| format!("{}: {e}", path.display()))?;
             }
-            let ours = row("ours", &summary, Some(budget), Some(seconds));
+            let ours = row(who, &summary, Some(budget), seconds);
             note_missing(&mut missing, &ours);
             rows.push(ours);
         }
@@ -186,8 +203,8 @@ fn reference_path(file: &Path) -> PathBuf {
     file.with_extension("reference_summary.md")
 }
 
-/// Compactor's summary of `span`: the transcript in chunks that fit the summarizer, folded into
-/// one running summary, with the file lists appended, as the proxy does it.
+/// The summarizer's text for `span`: the transcript in chunks that fit the summarizer, folded
+/// into one running summary, as the proxy does it.
 async fn summarize_span(
     client: &reqwest::Client,
     args: &Args,
@@ -228,14 +245,7 @@ async fn summarize_span(
         }
         running = Some(summarize::read_answer(&bytes).map_err(|e| e.to_string())?);
     }
-    let mut files = FileOps::default();
-    files.collect(span.iter().copied());
-    let (read, modified) = files.into_lists();
-    Ok(rewrite::summary_text(
-        &running.unwrap_or_default(),
-        &read,
-        &modified,
-    ))
+    running.ok_or_else(|| "empty span".to_string())
 }
 
 fn percent(share: Option<&Share>) -> String {
@@ -281,7 +291,13 @@ fn table(rows: &[Row]) -> String {
             secs,
         );
     }
-    for who in ["ours", "reference"] {
+    let mut kinds: Vec<&str> = Vec::new();
+    for row in rows {
+        if !kinds.contains(&row.who) {
+            kinds.push(row.who);
+        }
+    }
+    for who in kinds {
         let mine: Vec<&Row> = rows.iter().filter(|r| r.who == who).collect();
         if mine.is_empty() {
             continue;
@@ -298,7 +314,8 @@ fn table(rows: &[Row]) -> String {
         total.entities = (entities.total > 0).then_some(entities);
         let tokens: u64 = mine.iter().map(|r| r.tokens).sum();
         let secs: f64 = mine.iter().filter_map(|r| r.seconds).sum();
-        let secs = if who == "ours" {
+        let timed = mine.iter().any(|r| r.seconds.is_some());
+        let secs = if timed {
             format!("{secs:.0}")
         } else {
             "n/a".into()
@@ -331,8 +348,9 @@ fn note_missing(out: &mut String, row: &Row) {
     };
     let _ = writeln!(
         out,
-        "- {}: paths: {}; entities: {}; requests: {}",
+        "- {} ({}): paths: {}; entities: {}; requests: {}",
         row.conversation,
+        row.who,
         list(Some(&row.score.paths)),
         list(row.score.entities.as_ref()),
         list(Some(&row.score.requests)),

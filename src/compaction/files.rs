@@ -96,6 +96,21 @@ impl FileOps {
     }
 }
 
+/// Whether a tool call with these arguments reads files.
+pub fn reads(tool: &str, args: &Value) -> bool {
+    classify(tool, args) == Some(Access::Read)
+}
+
+/// Whether a tool call with these arguments modifies files.
+pub fn modifies(tool: &str, args: &Value) -> bool {
+    classify(tool, args) == Some(Access::Modify)
+}
+
+/// Whether a tool argument of this name holds paths.
+pub fn is_path_key(key: &str) -> bool {
+    PATH_KEYS.contains(&key) || PATHS_KEYS.contains(&key)
+}
+
 fn classify(tool: &str, args: &Value) -> Option<Access> {
     let by_name = |name: &str| {
         let name = name.to_ascii_lowercase();

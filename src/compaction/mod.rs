@@ -14,7 +14,7 @@
 //!
 //! What responses teach (real windows from overflow errors, calibration from `usage`) lives in
 //! [`learn`]; summaries made in the background before they are needed, in [`ahead_of_time`].
-//! The pure parts ([`plan`], [`rewrite`], [`summarize`], [`files`]) do no I/O.
+//! The pure parts ([`plan`], [`rewrite`], [`summarize`], [`files`], [`record`]) do no I/O.
 
 mod ahead_of_time;
 mod conversation;
@@ -22,6 +22,7 @@ pub mod files;
 mod finish;
 mod learn;
 pub mod plan;
+pub mod record;
 pub mod rewrite;
 mod single_flight;
 pub mod summarize;

@@ -13,7 +13,7 @@ use crate::upstream;
 use super::conversation::{Conversation, View};
 use super::plan::{self, PlanError, PlanInput};
 use super::{
-    files, summarize, Engine, Mode, Outcome, Prepared, RequestContext, Status, SummaryError,
+    files, record, summarize, Engine, Mode, Outcome, Prepared, RequestContext, Status, SummaryError,
 };
 
 impl Engine {
@@ -266,7 +266,8 @@ impl Engine {
             encoding,
             budget_for(previous).saturating_sub(max_tokens).max(256),
         );
-        let mut running = previous.map(str::to_string);
+        // The model sees and rewrites only its own text; the record is carried by code.
+        let mut running = previous.map(|p| record::split(p).0.to_string());
         for chunk in chunks {
             let body = summarize::request_body(
                 &model,
@@ -277,7 +278,8 @@ impl Engine {
             );
             running = Some(self.ask_summarizer(context, &body).await?);
         }
-        running.ok_or(SummaryError::Nothing)
+        let text = running.ok_or(SummaryError::Nothing)?;
+        Ok(record::attach(&text, span, previous, encoding, max_tokens))
     }
 
     async fn ask_summarizer(
