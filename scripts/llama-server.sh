@@ -177,6 +177,15 @@ build_from_source() {
   if [[ -f "$dir/.ok" && -x "$dir/bin/llama-server" ]]; then
     echo "$dir/bin/llama-server"; return 0
   fi
+  # The cache is shared: one build at a time, and a caller that waited for another's build
+  # uses it instead of wiping it and starting over.
+  exec 9>"$CACHE/.llama-build.lock"
+  log "waiting for the build lock"
+  flock 9
+  if [[ -f "$dir/.ok" && -x "$dir/bin/llama-server" ]]; then
+    exec 9>&-
+    echo "$dir/bin/llama-server"; return 0
+  fi
   local venv
   venv="$(tools_venv)"
   mkdir -p "$CACHE/dl"
@@ -202,6 +211,7 @@ build_from_source() {
   cp "$dir/build/bin/llama-server" "$dir/bin/llama-server"
   rm -rf "$dir/build" "$dir/src" "$CACHE/dl/$SOURCE_SDIST"
   touch "$dir/.ok"
+  exec 9>&-
   echo "$dir/bin/llama-server"
 }
 
