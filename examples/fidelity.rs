@@ -158,12 +158,16 @@ async fn run(args: &Args) -> Result<(), String> {
         files.collect(span.iter().copied());
         let (read, modified) = files.into_lists();
         let encoding = Encoding::for_model(&args.model);
-        // What no model can lose: the record and the file lists, without any model text.
-        let mut variants = vec![(
-            "record + file lists only",
-            record::attach("", &span, None, encoding, budget),
-            None,
-        )];
+        // What no model can lose: the file lists (before the record existed), then the record
+        // and the file lists, without any model text.
+        let mut variants = vec![
+            ("file lists only", String::new(), None),
+            (
+                "record + file lists only",
+                record::attach("", &span, None, encoding, budget),
+                None,
+            ),
+        ];
         if !args.no_model {
             let started = Instant::now();
             let model_text = summarize_span(&client, args, &span, budget).await?;
@@ -173,7 +177,9 @@ async fn run(args: &Args) -> Result<(), String> {
             variants.push(("ours, model text + file lists", model_text, seconds));
             variants.push(("ours, as stored (+ record)", stored, seconds));
         }
-        for (slug, (who, text, seconds)) in ["record", "model", "stored"].iter().zip(variants) {
+        for (slug, (who, text, seconds)) in
+            ["files", "record", "model", "stored"].iter().zip(variants)
+        {
             let summary = rewrite::summary_text(&text, &read, &modified);
             if let Some(dir) = &args.summaries {
                 let _ = std::fs::create_dir_all(dir);
