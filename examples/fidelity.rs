@@ -89,13 +89,14 @@ async fn run(args: &Args) -> Result<(), String> {
     let budget = args
         .summary_tokens
         .unwrap_or_else(|| (args.window / 8).clamp(128, 4096));
+    let span = match args.span_tokens {
+        0 => "the whole span summarized".to_string(),
+        cap => format!("span capped to its newest {cap} tokens from a user message"),
+    };
     let settings = format!(
         "model `{}`, summarizer window {} tokens, summary budget {budget} tokens, newest {} tokens \
-         kept verbatim, span capped to its newest {} tokens from a user message",
-        args.model,
-        args.window,
-        args.keep_tokens,
-        if args.span_tokens == 0 { "all".to_string() } else { args.span_tokens.to_string() },
+         kept verbatim, {span}",
+        args.model, args.window, args.keep_tokens,
     );
     println!("{} ({settings})", args.label);
     let client = reqwest::Client::builder()
