@@ -1,0 +1,306 @@
+#!/usr/bin/env bash
+# Container smoke test: builds the image from the real Dockerfile (all of its stages) and starts
+# both compose files, on a machine with no image registry.
+#
+#   scripts/container-smoke.sh          (as root; needs podman, runc, debootstrap, curl)
+#
+# Podman stands in for Docker, Debian trixie's docker-compose v2 talks to podman's API socket,
+# and every image the Dockerfile and the compose files name is a stand-in built from Debian
+# packages (docker/test/, test-only). What is checked:
+#   image    the Dockerfile builds; the image runs as uid 10001, not root; its HEALTHCHECK passes
+#   sidecar  the agent container reaches Compactor by its service name and gets the provider's
+#            answer, sent with the key Compactor holds
+#   gateway  both replicas answer through nginx; a checkpoint made on one is used by the other
+#            through Redis; with Redis stopped requests are still served (store degraded), and
+#            with Redis started again both replicas are ready; Prometheus scrapes both replicas
+#
+# Cached across runs on one machine: podman's image storage (base images, stand-ins, the
+# Dockerfile's cargo-chef and dependency layers) and, in ${COMPACTOR_CONTAINER_CACHE:-
+# ~/.cache/compactor-containers}, the debootstrap base trees and the docker-compose binary.
+# Logs go to target/container-smoke/. Host ports: GATEWAY_PORT and PROMETHEUS_PORT if set, else
+# free ones.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+cache="${COMPACTOR_CONTAINER_CACHE:-$HOME/.cache/compactor-containers}"
+logs="$PWD/target/container-smoke"
+prefix=localhost/compactor-smoke
+image=compactor:local
+mkdir -p "$cache" "$logs"
+
+step() { printf '\n--> %s  [%ds]\n' "$*" "$SECONDS"; }
+ok() { printf 'ok:   %s\n' "$*"; }
+fail() {
+  printf 'FAIL: %s\n' "$*" >&2
+  exit 1
+}
+
+[ "$(id -u)" = 0 ] || fail "needs root (podman containers on a bridge network)"
+for tool in podman runc debootstrap curl; do
+  command -v "$tool" >/dev/null || fail "$tool is missing (apt-get install podman runc debootstrap curl)"
+done
+
+# --- podman configuration, in a file of our own (nothing in /etc changes) -------------------------
+# runc and cgroupfs: crun refuses a mixed cgroup v1/v2 host, and there may be no systemd. Podman's
+# default limits (1M open files) are above what an unprivileged-resource host allows.
+nofile=$(ulimit -Hn)
+[ "$nofile" = unlimited ] && nofile=1048576
+cat >"$logs/containers.conf" <<EOF
+[containers]
+default_ulimits = ["nofile=$nofile:$nofile", "nproc=32768:32768"]
+[engine]
+runtime = "runc"
+cgroup_manager = "cgroupfs"
+events_logger = "file"
+EOF
+export CONTAINERS_CONF="$logs/containers.conf"
+
+# --- base images from debootstrap ------------------------------------------------------------------
+mirror=$(awk '$1 == "URIs:" { print $2; exit }' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
+[ -n "$mirror" ] || mirror=$(awk '$1 == "deb" && $2 ~ /debian\/?$/ { print $2; exit }' /etc/apt/sources.list 2>/dev/null || true)
+mirror="${mirror:-http://deb.debian.org/debian}"
+
+# base_image SUITE: $prefix/SUITE:minbase, imported from a cached minbase tree.
+base_image() {
+  local suite=$1 tar="$cache/$1-minbase.tar"
+  podman image exists "$prefix/$suite:minbase" && return 0
+  if [ ! -s "$tar" ]; then
+    local tree="$cache/$suite-rootfs"
+    rm -rf "$tree"
+    # forky has no script of its own in bookworm's debootstrap; sid's is the one for testing.
+    debootstrap --variant=minbase "$suite" "$tree" "$mirror" /usr/share/debootstrap/scripts/sid
+    rm -rf "$tree"/var/cache/apt/archives/*.deb "$tree"/var/lib/apt/lists/*
+    tar -C "$tree" -cf "$tar.part" . && mv "$tar.part" "$tar"
+    rm -rf "$tree"
+  fi
+  podman import --change 'CMD ["bash"]' "$tar" "$prefix/$suite:minbase" >/dev/null
+}
+
+# in_background NAME COMMAND...: runs it with its output in $logs/NAME.log; `finish` waits.
+declare -A jobs=()
+in_background() {
+  local name=$1
+  shift
+  "$@" >"$logs/$name.log" 2>&1 &
+  jobs[$name]=$!
+}
+finish() {
+  local name failed=()
+  for name in "${!jobs[@]}"; do
+    wait "${jobs[$name]}" || failed+=("$name")
+  done
+  jobs=()
+  for name in "${failed[@]}"; do
+    tail -n 30 "$logs/$name.log" >&2
+  done
+  [ ${#failed[@]} = 0 ] || fail "${failed[*]} (logs in $logs)"
+}
+
+step "base images (debootstrap bookworm and forky, cached)"
+in_background base-bookworm base_image bookworm
+in_background base-forky base_image forky
+finish
+
+# --- docker-compose v2, the binary from Debian trixie's package ------------------------------------
+compose_bin="$cache/docker-compose"
+fetch_compose() {
+  local apt="$cache/apt-trixie"
+  mkdir -p "$apt/lists/partial" "$apt/archives/partial" "$apt/deb"
+  echo "deb $mirror trixie main" >"$apt/sources.list"
+  local opts=(-o "Dir::Etc::SourceList=$apt/sources.list" -o Dir::Etc::SourceParts=/dev/null
+    -o "Dir::State::Lists=$apt/lists" -o "Dir::Cache=$apt" -o Acquire::Check-Valid-Until=false -o APT::Sandbox::User=root)
+  apt-get "${opts[@]}" update -qq
+  (cd "$apt/deb" && rm -f ./*.deb && apt-get "${opts[@]}" download docker-compose)
+  rm -rf "$apt/x" && dpkg -x "$apt"/deb/docker-compose_*.deb "$apt/x"
+  local bin
+  bin="$apt/x/usr/libexec/docker/cli-plugins/docker-compose"
+  "$bin" version || return 1
+  install -m 755 "$bin" "$compose_bin.part" && mv "$compose_bin.part" "$compose_bin"
+}
+
+# --- stand-in images (docker/test/, test-only) -------------------------------------------------------
+standin() {
+  local name=$1 tag=$2 base=$3
+  shift 3
+  podman build --format docker --pull=never --build-arg "BASE=$prefix/$base:minbase" "$@" \
+    -f "docker/test/$name.Dockerfile" -t "$prefix/$name:$tag" docker/test
+}
+host_ca=/usr/local/share/ca-certificates
+if [ ! -d "$host_ca" ]; then
+  host_ca="$logs/no-extra-ca"
+  mkdir -p "$host_ca"
+fi
+toolchain=$(rustc --print sysroot)
+
+step "stand-in images and docker-compose (cached)"
+[ -x "$compose_bin" ] || in_background compose fetch_compose
+in_background rust standin rust bookworm bookworm --build-arg "TOOLCHAIN_VERSION=$(rustc --version)" \
+  -v "$toolchain:/host-toolchain:ro" -v "$host_ca:/host-ca:ro"
+in_background python standin python bookworm bookworm
+in_background redis standin redis bookworm bookworm
+in_background prometheus standin prometheus bookworm bookworm
+in_background nginx standin nginx forky forky
+finish
+compose() { "$compose_bin" "$@"; }
+compose version
+
+step "the Dockerfile, every stage (log: $logs/image.log)"
+build_started=$SECONDS
+podman build --format docker --pull=never \
+  --build-arg "RUST_IMAGE=$prefix/rust:bookworm" --build-arg "RUNTIME_IMAGE=$prefix/bookworm:minbase" \
+  -t "$image" . >"$logs/image.log" 2>&1 || {
+  tail -n 40 "$logs/image.log" >&2
+  fail "podman build of the Dockerfile"
+}
+ok "image $image built in $((SECONDS - build_started)) s"
+
+# --- the podman API socket for docker-compose, and the health checks podman cannot schedule ------
+socket="$logs/podman.sock"
+rm -f "$socket"
+podman system service --time=0 "unix://$socket" >"$logs/podman-service.log" 2>&1 &
+service_pid=$!
+# Podman runs HEALTHCHECKs from systemd timers; without systemd, this loop runs them, so that
+# `depends_on: condition: service_healthy` and `--wait` work.
+health_ticker() {
+  while sleep 2; do
+    podman ps -q --filter label=com.docker.compose.project | while read -r id; do
+      podman healthcheck run "$id" >/dev/null 2>&1 || true
+    done
+  done
+}
+health_ticker >/dev/null 2>&1 &
+ticker_pid=$!
+export DOCKER_HOST="unix://$socket"
+
+sidecar=(-f docker/compose.sidecar.yaml -f docker/test/sidecar.override.yaml)
+gateway=(-f docker/compose.gateway.yaml -f docker/test/gateway.override.yaml)
+cleanup() {
+  compose "${sidecar[@]}" down -v --remove-orphans >/dev/null 2>&1 || true
+  compose "${gateway[@]}" down -v --remove-orphans >/dev/null 2>&1 || true
+  podman rm -f compactor-smoke-image >/dev/null 2>&1 || true
+  kill "$ticker_pid" "$service_pid" 2>/dev/null || true
+  wait "$ticker_pid" "$service_pid" 2>/dev/null || true
+}
+trap cleanup EXIT
+for _ in $(seq 50); do
+  [ -S "$socket" ] && break
+  sleep 0.2
+done
+[ -S "$socket" ] || fail "podman system service did not open $socket"
+export OPENAI_API_KEY=sk-smoke-key-held-by-compactor
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+export GATEWAY_PORT="${GATEWAY_PORT:-$(free_port)}" PROMETHEUS_PORT="${PROMETHEUS_PORT:-$(free_port)}"
+cleanup_compose() {
+  compose "${sidecar[@]}" down -v --remove-orphans >/dev/null 2>&1 || true
+  compose "${gateway[@]}" down -v --remove-orphans >/dev/null 2>&1 || true
+}
+cleanup_compose
+
+# --- the image on its own ------------------------------------------------------------------------------
+step "image: non-root, HEALTHCHECK"
+user=$(podman image inspect "$image" --format '{{.Config.User}}')
+[ "$user" = 10001:10001 ] || fail "image user is '$user', expected 10001:10001"
+podman run -d --name compactor-smoke-image -e COMPACTOR_UPSTREAM=http://127.0.0.1:9/v1 "$image" >/dev/null
+uid=$(podman exec compactor-smoke-image id -u)
+[ "$uid" = 10001 ] || fail "the proxy's container runs as uid $uid"
+ok "runs as uid $uid ($user in the image)"
+healthy=0
+for _ in $(seq 30); do
+  if podman healthcheck run compactor-smoke-image >/dev/null 2>&1; then
+    healthy=1
+    break
+  fi
+  sleep 0.5
+done
+[ "$healthy" = 1 ] || fail "the image's HEALTHCHECK never passed: $(podman logs compactor-smoke-image 2>&1 | tail -n 5)"
+status=$(podman inspect compactor-smoke-image --format '{{.State.Health.Status}}')
+[ "$status" = healthy ] || fail "health status '$status' after a passing check"
+ok "HEALTHCHECK passes (status $status)"
+podman rm -f compactor-smoke-image >/dev/null
+
+# --- sidecar ---------------------------------------------------------------------------------------------
+step "sidecar: the agent reaches Compactor by service name"
+if ! timeout 180 "$compose_bin" "${sidecar[@]}" up --no-build --exit-code-from agent >"$logs/sidecar.log" 2>&1; then
+  tail -n 40 "$logs/sidecar.log" >&2
+  fail "sidecar: the agent did not succeed"
+fi
+grep -q "compactor /healthz: 200" "$logs/sidecar.log" || fail "sidecar: no /healthz answer in the agent's output"
+grep -q "models via compactor: \['stub-model'\]" "$logs/sidecar.log" ||
+  fail "sidecar: the agent did not get the provider's models"
+ok "agent: /healthz 200 and the provider's model list, through http://compactor:8787"
+compose "${sidecar[@]}" down -v --remove-orphans >/dev/null 2>&1
+
+# --- gateway ---------------------------------------------------------------------------------------------
+step "gateway: two replicas, Redis, nginx, Prometheus"
+gw="http://127.0.0.1:$GATEWAY_PORT"
+if ! timeout 240 "$compose_bin" "${gateway[@]}" up -d --no-build --wait >"$logs/gateway-up.log" 2>&1; then
+  tail -n 40 "$logs/gateway-up.log" >&2
+  compose "${gateway[@]}" logs --no-color >"$logs/gateway.log" 2>&1 || true
+  fail "gateway: compose up --wait (logs in $logs)"
+fi
+trap 'compose "${gateway[@]}" logs --no-color >"$logs/gateway.log" 2>&1 || true; cleanup' EXIT
+in_net() { compose "${gateway[@]}" exec -T upstream python /smoke/gateway_check.py "$@"; }
+
+# nginx_get PATH: the status code and body of a GET through nginx.
+nginx_get() { curl -sS -m 10 -o "$logs/body" -w '%{http_code}' -H 'authorization: Bearer smoke-tenant' "$gw$1"; }
+for _ in $(seq 60); do
+  [ "$(nginx_get /readyz 2>/dev/null)" = 200 ] && break
+  sleep 0.5
+done
+{ grep -q '"redis"' "$logs/body" && grep -q '"ready"' "$logs/body"; } ||
+  fail "gateway /readyz through nginx: $(cat "$logs/body")"
+ok "/readyz through nginx: $(cat "$logs/body")"
+in_net readyz ready
+
+before=$(in_net requests)
+for i in 1 2 3 4 5 6; do
+  code=$(nginx_get /v1/models)
+  { [ "$code" = 200 ] && grep -q stub-model "$logs/body"; } || fail "GET /v1/models #$i through nginx: $code $(cat "$logs/body")"
+done
+after=$(in_net requests)
+for replica in compactor-1 compactor-2; do
+  b=$(awk -v r="$replica" '$1 == r { print $2 }' <<<"$before")
+  a=$(awk -v r="$replica" '$1 == r { print $2 }' <<<"$after")
+  { [ -n "$a" ] && [ "$a" -gt "${b:-0}" ]; } || fail "$replica answered none of 6 requests through nginx ($before -> $after)"
+  ok "$replica answered $((a - b)) of 6 requests through nginx"
+done
+
+in_net checkpoint
+
+chat_body='{"model":"stub-model","messages":[{"role":"user","content":"hello"}]}'
+# nginx_chat: status and x-compactor-store header of a chat request through nginx.
+nginx_chat() {
+  curl -sS -m 30 -o /dev/null -D "$logs/headers" -w '%{http_code}' -H 'authorization: Bearer smoke-tenant' \
+    -H 'content-type: application/json' -d "$chat_body" "$gw/v1/chat/completions"
+}
+store_header() { awk -F': *' 'tolower($1) == "x-compactor-store" { gsub(/\r/, "", $2); print $2 }' "$logs/headers"; }
+
+compose "${gateway[@]}" stop redis >/dev/null 2>&1
+for i in 1 2 3 4; do
+  code=$(nginx_chat)
+  [ "$code" = 200 ] || fail "chat #$i through nginx with Redis stopped: $code"
+  [ "$(store_header)" = degraded ] || fail "chat #$i with Redis stopped: x-compactor-store '$(store_header)'"
+done
+ok "Redis stopped: 4 chat requests through nginx answered 200, x-compactor-store: degraded"
+in_net readyz degraded
+compose "${gateway[@]}" start redis >/dev/null 2>&1
+in_net readyz ready
+code=$(nginx_chat)
+{ [ "$code" = 200 ] && [ -z "$(store_header)" ]; } || fail "chat after Redis returned: $code, store '$(store_header)'"
+ok "Redis started again: served with no degraded store"
+
+prom="http://127.0.0.1:$PROMETHEUS_PORT/api/v1/query"
+scraped=0
+for _ in $(seq 45); do
+  if curl -sS -m 5 -G "$prom" --data-urlencode 'query=up{job="compactor"} == 1' -o "$logs/prometheus.json" 2>/dev/null &&
+    grep -q '"instance":"compactor-1:8787"' "$logs/prometheus.json" &&
+    grep -q '"instance":"compactor-2:8787"' "$logs/prometheus.json"; then
+    scraped=1
+    break
+  fi
+  sleep 1
+done
+[ "$scraped" = 1 ] || fail "Prometheus does not report both replicas up: $(cat "$logs/prometheus.json" 2>/dev/null)"
+ok "Prometheus scrapes both replicas (up == 1 for compactor-1:8787 and compactor-2:8787)"
+
+printf '\ncontainer smoke: passed in %d s\n' "$SECONDS"
