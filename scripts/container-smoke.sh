@@ -164,7 +164,7 @@ service_pid=$!
 health_ticker() {
   while sleep 2; do
     podman ps -q --filter label=com.docker.compose.project | while read -r id; do
-      podman healthcheck run "$id" >/dev/null 2>&1 || true
+      podman healthcheck run "$id" </dev/null >/dev/null 2>&1 || true
     done
   done
 }

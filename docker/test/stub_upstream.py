@@ -3,7 +3,8 @@
 Answers GET /v1/models, and POST /v1/chat/completions with a fixed reply, or a summary when the
 request is Compactor's own summary request (header x-compactor-purpose: summary). GET
 /stub/counts reports how many of each it answered, so a test can tell whether a replica wrote a
-new summary or reused a stored one. Nothing is forwarded anywhere.
+new summary or reused a stored one. Nothing is forwarded anywhere. `--health` checks that a
+running stub answers.
 
 With STUB_REQUIRED_KEY set, /v1/ requests that do not carry `Bearer <that key>` are refused
 with 401, which shows that a sidecar replaced the agent's key with the one it holds.
@@ -11,6 +12,8 @@ with 401, which shows that a sidecar replaced the agent's key with the one it ho
 
 import json
 import os
+import sys
+import urllib.request
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -90,4 +93,8 @@ class Handler(BaseHTTPRequestHandler):
 
 
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--health"]:
+        # The container's health check: the stub answers.
+        urllib.request.urlopen("http://127.0.0.1:8080/stub/counts", timeout=2)
+        sys.exit(0)
     ThreadingHTTPServer(("0.0.0.0", 8080), Handler).serve_forever()
