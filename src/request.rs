@@ -31,6 +31,8 @@ pub enum RequestError {
     },
     #[error("invalid message at messages[{index}]: {reason}")]
     Message { index: usize, reason: String },
+    #[error("invalid item at input[{index}]: {reason}")]
+    Item { index: usize, reason: String },
 }
 
 impl RequestError {
@@ -40,6 +42,7 @@ impl RequestError {
             RequestError::Missing(f) => Some((*f).to_string()),
             RequestError::Type { field, .. } => Some((*field).to_string()),
             RequestError::Message { index, .. } => Some(format!("messages[{index}]")),
+            RequestError::Item { index, .. } => Some(format!("input[{index}]")),
             _ => None,
         }
     }
@@ -267,6 +270,13 @@ impl<'de> Deserialize<'de> for Messages {
             }
         }
         deserializer.deserialize_any(MessagesVisitor)
+    }
+}
+
+impl RequestError {
+    /// A body that is not JSON, with where it stops being JSON.
+    pub fn from_json(e: serde_json::Error) -> RequestError {
+        json_error(e)
     }
 }
 

@@ -32,6 +32,7 @@
 //! [`crate::http`] that parses with it. [`chat`] is the reference implementation.
 
 pub mod chat;
+pub mod responses;
 
 use std::ops::Range;
 

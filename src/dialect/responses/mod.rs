@@ -1,0 +1,158 @@
+//! OpenAI Responses (`POST /v1/responses`): Codex and the SDKs' `responses.*`.
+//!
+//! Elements are the `input` items ([`items`]); the pinned head is `instructions`, `tools` and the
+//! developer/system messages. A reasoning item, the calls it precedes and all their outputs form
+//! one unit, so a cut never leaves a provider an output without its call or a reasoning item
+//! without what follows it. The summary goes in as one user message item. Overflows arrive as an
+//! HTTP 400 with `code: "context_length_exceeded"` (or llama.cpp's body) or as a
+//! `response.failed` event before any output item. Errors are OpenAI's shape.
+//!
+//! Compaction requested by the client (`/responses/compact`, an `input` ending in
+//! `compaction_trigger`) is answered with a `compaction` item whose content is a [`sealed`]
+//! reference to a checkpoint; [`answers`] writes those replies.
+
+pub mod answers;
+pub mod items;
+pub mod request;
+pub mod sealed;
+
+use serde_json::{json, Value};
+
+use crate::measure::overflow::{self, Overflow};
+
+use super::{AnswerError, ClientError, Dialect, RequestError, SummaryRequest, WireRequest};
+pub use request::ResponsesRequest;
+
+/// The Responses dialect.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Responses;
+
+impl Dialect for Responses {
+    fn name(&self) -> &'static str {
+        "responses"
+    }
+
+    fn parse(&self, body: &[u8]) -> Result<Box<dyn WireRequest>, RequestError> {
+        Ok(Box::new(ResponsesRequest::parse(body)?))
+    }
+
+    fn overflow(&self, status: u16, body: &[u8]) -> Option<Overflow> {
+        overflow::classify(status, body)
+    }
+
+    /// A stream that fails before any output: `response.failed` (or an `error` event) whose error
+    /// says the context is full, before any `response.output_item.added`.
+    fn overflow_in_stream(&self, head: &[u8]) -> Option<Overflow> {
+        let text = String::from_utf8_lossy(head);
+        for line in text.lines() {
+            let Some(data) = line.strip_prefix("data:") else {
+                continue;
+            };
+            let Ok(event) = serde_json::from_str::<Value>(data.trim()) else {
+                continue;
+            };
+            let error = match event.get("type").and_then(Value::as_str) {
+                Some("response.failed") => event.pointer("/response/error")?.clone(),
+                Some("error") => event.get("error").cloned().unwrap_or(event.clone()),
+                Some(kind) if kind.starts_with("response.output") => return None,
+                _ => continue,
+            };
+            return overflow::classify(400, json!({ "error": error }).to_string().as_bytes());
+        }
+        None
+    }
+
+    /// OpenAI's error shape, as for chat completions.
+    fn error_body(&self, error: &ClientError) -> Value {
+        super::chat::Chat.error_body(error)
+    }
+
+    fn summary_path(&self) -> &'static str {
+        "/responses"
+    }
+
+    fn summary_request(&self, request: &SummaryRequest<'_>) -> Value {
+        json!({
+            "model": request.model,
+            "instructions": request.system,
+            "input": [{"type": "message", "role": "user",
+                       "content": [{"type": "input_text", "text": request.user}]}],
+            "max_output_tokens": request.max_tokens,
+            "temperature": 0.2,
+            "stream": false,
+            "store": false,
+        })
+    }
+
+    fn summary_answer(&self, body: &[u8]) -> Result<String, AnswerError> {
+        let value: Value = serde_json::from_slice(body).map_err(|_| AnswerError::Malformed)?;
+        let output = value
+            .get("output")
+            .and_then(Value::as_array)
+            .ok_or(AnswerError::Malformed)?;
+        let text: String = output
+            .iter()
+            .filter(|item| item.get("type").and_then(Value::as_str) == Some("message"))
+            .flat_map(|item| {
+                item.get("content")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+            })
+            .filter_map(|part| part.get("text").and_then(Value::as_str))
+            .collect();
+        let text = text.trim();
+        if text.is_empty() {
+            return Err(AnswerError::Empty);
+        }
+        // As for chat: a summary cut off after its first sections is kept, a stub is not.
+        let cut_off = value.get("status").and_then(Value::as_str) == Some("incomplete");
+        if cut_off && text.len() < 200 {
+            return Err(AnswerError::Truncated);
+        }
+        Ok(text.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_response_before_any_output_is_an_overflow() {
+        let failed = b"event: response.created\ndata: {\"type\":\"response.created\",\"response\":{}}\n\nevent: response.failed\ndata: {\"type\":\"response.failed\",\"response\":{\"error\":{\"code\":\"context_length_exceeded\",\"message\":\"Your input exceeds the context window of this model.\"}}}\n\n";
+        assert!(Responses.overflow_in_stream(failed).is_some());
+        let other = b"data: {\"type\":\"response.failed\",\"response\":{\"error\":{\"code\":\"server_error\",\"message\":\"boom\"}}}\n\n";
+        assert_eq!(Responses.overflow_in_stream(other), None);
+        let output = b"data: {\"type\":\"response.output_item.added\",\"item\":{}}\n\ndata: {\"type\":\"response.failed\",\"response\":{\"error\":{\"code\":\"context_length_exceeded\",\"message\":\"x\"}}}\n\n";
+        assert_eq!(Responses.overflow_in_stream(output), None);
+    }
+
+    #[test]
+    fn llama_cpp_and_openai_error_bodies_are_overflows() {
+        let llama = br#"{"error":{"code":400,"message":"request (5000 tokens) exceeds the available context size (4096 tokens), try increasing it","type":"exceed_context_size_error","n_prompt_tokens":5000,"n_ctx":4096}}"#;
+        assert_eq!(Responses.overflow(400, llama).unwrap().limit, Some(4096));
+        let openai = br#"{"error":{"message":"Your input exceeds the context window of this model.","type":"invalid_request_error","param":"input","code":"context_length_exceeded"}}"#;
+        assert!(Responses.overflow(400, openai).is_some());
+        assert_eq!(Responses.overflow(429, openai), None);
+    }
+
+    #[test]
+    fn writes_and_reads_summary_requests() {
+        let body = Responses.summary_request(&SummaryRequest {
+            model: "m",
+            system: "sys",
+            user: "transcript",
+            max_tokens: 300,
+        });
+        assert_eq!(body["instructions"], "sys");
+        assert_eq!(body["input"][0]["content"][0]["text"], "transcript");
+        assert_eq!(body["max_output_tokens"], 300);
+        assert!(body.get("prompt_cache_key").is_none());
+        let answer = br###"{"output":[{"type":"reasoning","content":[{"type":"reasoning_text","text":"hm"}]},{"type":"message","content":[{"type":"output_text","text":"## Goal\nship it"}]}]}"###;
+        assert_eq!(
+            Responses.summary_answer(answer).unwrap(),
+            "## Goal\nship it"
+        );
+    }
+}

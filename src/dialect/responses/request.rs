@@ -1,0 +1,390 @@
+//! A parsed `POST /responses` body: top-level fields kept raw in their order, `input` split into
+//! items, and the body written back through a checkpoint.
+
+use indexmap::IndexMap;
+use serde_json::value::RawValue;
+use serde_json::{json, Value};
+
+use super::items::{self, Item, ItemKind};
+use crate::compaction::rewrite::{cut_middle, summary_text};
+use crate::compaction::summarize::{TRANSCRIPT_MESSAGE_CHARS, TRANSCRIPT_RESULT_CHARS};
+use crate::dialect::{RequestError, Rewrite, Role, WireRequest};
+use crate::identity::{self, Hash};
+use crate::measure::{Encoding, TOKENS_FOR_TOOLS};
+
+/// Tokens an item costs besides its text (the chat template's framing).
+const TOKENS_PER_ITEM: u64 = 4;
+
+/// A Responses request as the proxy reads it.
+#[derive(Debug)]
+pub struct ResponsesRequest {
+    /// Top-level fields in arrival order, values untouched.
+    fields: IndexMap<String, Box<RawValue>>,
+    /// The body exactly as it arrived.
+    original: Vec<u8>,
+    model: String,
+    stream: bool,
+    max_output_tokens: Option<u64>,
+    pub(super) items: Vec<Item>,
+    roles: Vec<Role>,
+}
+
+fn to_raw(value: &Value) -> Box<RawValue> {
+    RawValue::from_string(value.to_string()).expect("serde_json output is valid JSON")
+}
+
+impl ResponsesRequest {
+    pub fn parse(body: &[u8]) -> Result<ResponsesRequest, RequestError> {
+        let fields: IndexMap<String, Box<RawValue>> = match serde_json::from_slice(body) {
+            Ok(fields) => fields,
+            Err(e) if e.is_data() => {
+                serde_json::from_slice::<serde::de::IgnoredAny>(body)
+                    .map_err(RequestError::from_json)?;
+                return Err(RequestError::NotObject);
+            }
+            Err(e) => return Err(RequestError::from_json(e)),
+        };
+        let model = match fields.get("model") {
+            None => return Err(RequestError::Missing("model")),
+            Some(raw) => {
+                serde_json::from_str::<String>(raw.get()).map_err(|_| RequestError::Type {
+                    field: "model",
+                    expected: "a string",
+                })?
+            }
+        };
+        let input = fields.get("input").ok_or(RequestError::Missing("input"))?;
+        let raw_items: Vec<Box<RawValue>> = match serde_json::from_str::<String>(input.get()) {
+            // A string input is one user message.
+            Ok(text) => vec![to_raw(&json!({"role": "user", "content": text}))],
+            Err(_) => serde_json::from_str(input.get()).map_err(|_| RequestError::Type {
+                field: "input",
+                expected: "a string or an array of items",
+            })?,
+        };
+        let items = raw_items
+            .into_iter()
+            .enumerate()
+            .map(|(index, raw)| {
+                Item::parse(raw).map_err(|reason| RequestError::Item { index, reason })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let roles = items::roles(&items);
+        let stream = fields
+            .get("stream")
+            .is_some_and(|r| r.get().trim() == "true");
+        let max_output_tokens = fields
+            .get("max_output_tokens")
+            .and_then(|r| serde_json::from_str::<u64>(r.get()).ok());
+        Ok(ResponsesRequest {
+            fields,
+            original: body.to_vec(),
+            model,
+            stream,
+            max_output_tokens,
+            items,
+            roles,
+        })
+    }
+
+    /// The body with `input` replaced by `items` (every other field as it came, in place).
+    pub fn with_input<'a>(&self, items: impl IntoIterator<Item = &'a RawValue>) -> Vec<u8> {
+        let mut input = String::from("[");
+        for (i, item) in items.into_iter().enumerate() {
+            if i > 0 {
+                input.push(',');
+            }
+            input.push_str(item.get());
+        }
+        input.push(']');
+        let mut out = String::from("{");
+        for (i, (key, value)) in self.fields.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            out.push_str(&Value::String(key.clone()).to_string());
+            out.push(':');
+            out.push_str(if key == "input" { &input } else { value.get() });
+        }
+        out.push('}');
+        out.into_bytes()
+    }
+
+    /// The user messages of the input, as sent (what `/responses/compact` hands back).
+    pub fn user_messages(&self) -> impl Iterator<Item = &RawValue> {
+        self.items
+            .iter()
+            .filter(|i| i.is_user_message())
+            .map(|i| &*i.raw)
+    }
+
+    fn text(&self, index: usize) -> Option<(String, String)> {
+        items::readable(&self.items[index])
+    }
+
+    /// A kept item with its text cut in the middle to about `keep_tokens`.
+    fn truncated(&self, index: usize, tokens: u64, keep_tokens: u64) -> Box<RawValue> {
+        let item = &self.items[index];
+        let Ok(mut value) = serde_json::from_str::<Value>(item.raw.get()) else {
+            return item.raw.clone();
+        };
+        let cut = |text: &str| Value::String(cut_middle(text, tokens, keep_tokens));
+        match item.kind {
+            ItemKind::Output => {
+                if let Some(Value::String(s)) = value.get("output") {
+                    value["output"] = cut(s);
+                }
+            }
+            ItemKind::Message(_) => match value.get_mut("content") {
+                Some(Value::String(s)) => *s = cut_middle(s, tokens, keep_tokens),
+                Some(Value::Array(parts)) => {
+                    for part in parts.iter_mut() {
+                        if let Some(Value::String(s)) = part.get("text") {
+                            part["text"] = cut(s);
+                        }
+                    }
+                }
+                _ => {}
+            },
+            _ => {}
+        }
+        to_raw(&value)
+    }
+}
+
+/// The summary as a user message item.
+pub fn summary_item(text: &str) -> Box<RawValue> {
+    to_raw(
+        &json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}),
+    )
+}
+
+/// A user message item with the summary put first in its content.
+fn merged_into(item: &RawValue, text: &str) -> Box<RawValue> {
+    let Ok(mut value) = serde_json::from_str::<Value>(item.get()) else {
+        return item.to_owned();
+    };
+    let summary = json!({"type": "input_text", "text": text});
+    value["content"] = match value.get("content") {
+        Some(Value::String(s)) => json!([summary, {"type": "input_text", "text": s}]),
+        Some(Value::Array(parts)) => {
+            let mut parts = parts.clone();
+            parts.insert(0, summary);
+            Value::Array(parts)
+        }
+        _ => json!([summary]),
+    };
+    to_raw(&value)
+}
+
+impl WireRequest for ResponsesRequest {
+    fn model(&self) -> &str {
+        &self.model
+    }
+
+    fn stream(&self) -> bool {
+        self.stream
+    }
+
+    fn max_output_tokens(&self) -> Option<u64> {
+        self.max_output_tokens
+    }
+
+    fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    fn role(&self, index: usize) -> Role {
+        self.roles[index]
+    }
+
+    fn raw(&self, index: usize) -> &str {
+        self.items[index].raw.get()
+    }
+
+    fn canonical(&self, index: usize) -> Hash {
+        identity::canonical_hash(&to_raw(&items::canonical(&self.items[index].raw)))
+    }
+
+    fn transcript(&self, index: usize) -> String {
+        let Some((label, text)) = self.text(index) else {
+            return String::new();
+        };
+        let limit = match self.items[index].kind {
+            ItemKind::Output | ItemKind::Call => TRANSCRIPT_RESULT_CHARS,
+            _ => TRANSCRIPT_MESSAGE_CHARS,
+        };
+        let chars = text.chars().count();
+        let text = if chars > limit {
+            cut_middle(&text, chars as u64, limit as u64)
+        } else {
+            text
+        };
+        format!("[{label}]\n{text}\n")
+    }
+
+    fn tokens(&self, encoding: Encoding, index: usize) -> u64 {
+        let item = &self.items[index];
+        let text = match self.text(index) {
+            Some((label, text)) => encoding.count(&label) + encoding.count(&text),
+            // Unreadable items (encrypted reasoning, opaque compactions) still cost their bytes.
+            None => item.raw.get().len() as u64 / 4,
+        };
+        TOKENS_PER_ITEM + text
+    }
+
+    fn head_tokens(&self, encoding: Encoding) -> u64 {
+        let count = |key: &str| {
+            self.fields
+                .get(key)
+                .filter(|raw| raw.get() != "null")
+                .map_or(0, |raw| encoding.count(raw.get()) + TOKENS_FOR_TOOLS)
+        };
+        count("instructions") + count("tools")
+    }
+
+    fn original_body(&self, _force_usage: bool) -> Vec<u8> {
+        // Usage always comes in `response.completed`: nothing to ask for.
+        self.original.clone()
+    }
+
+    fn render(&self, rewrite: &Rewrite<'_>, _force_usage: bool) -> Vec<u8> {
+        let checkpoint = rewrite.checkpoint;
+        let covered = checkpoint.covered.min(self.items.len());
+        let text = summary_text(
+            &checkpoint.summary,
+            &checkpoint.files_read,
+            &checkpoint.files_modified,
+        );
+        let mut out: Vec<Box<RawValue>> = self.items[..covered]
+            .iter()
+            .zip(&self.roles)
+            .filter(|(_, role)| role.is_instruction())
+            .map(|(item, _)| item.raw.clone())
+            .collect();
+        let pinned = checkpoint.pinned_user.filter(|&p| p < covered);
+        let mut rest: Vec<(usize, Box<RawValue>)> = pinned
+            .into_iter()
+            .chain(covered..self.items.len())
+            .map(|i| {
+                let cut = checkpoint.truncations.iter().find(|t| t.index == i);
+                let raw = match (cut, rewrite.tokens.get(i)) {
+                    (Some(t), Some(&tokens)) => self.truncated(i, tokens, t.keep_tokens),
+                    _ => self.items[i].raw.clone(),
+                };
+                (i, raw)
+            })
+            .collect();
+        match rest.first_mut() {
+            Some((i, first)) if rewrite.merge_into_user && self.roles[*i] == Role::User => {
+                *first = merged_into(first, &text);
+            }
+            _ => out.push(summary_item(&text)),
+        }
+        out.extend(rest.into_iter().map(|(_, raw)| raw));
+        self.with_input(out.iter().map(|r| &**r))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Checkpoint;
+
+    const BODY: &str = r#"{"model":"m","stream":true,"input":[
+        {"type":"message","role":"developer","content":"be brief"},
+        {"type":"message","role":"user","content":"one"},
+        {"type":"function_call","call_id":"a","name":"read","arguments":"{}"},
+        {"type":"function_call_output","call_id":"a","output":"A"},
+        {"type":"message","role":"user","content":"two"}
+    ],"tools":[{"type":"function","name":"read"}],"prompt_cache_key":"t1"}"#;
+
+    fn checkpoint(covered: usize) -> Checkpoint {
+        Checkpoint {
+            id: "c1".into(),
+            tenant: String::new(),
+            anchor: String::new(),
+            covered,
+            prefix_hash: String::new(),
+            pinned_user: None,
+            truncations: vec![],
+            summary: "S".into(),
+            files_read: vec![],
+            files_modified: vec![],
+            tokens_before: 0,
+            tokens_after: 0,
+            created_ms: 0,
+            model: "m".into(),
+            ahead_of_time: false,
+        }
+    }
+
+    #[test]
+    fn renders_head_summary_and_kept_items_with_every_other_field_in_place() {
+        let request = ResponsesRequest::parse(BODY.as_bytes()).unwrap();
+        assert!(request.stream());
+        let cp = checkpoint(4);
+        let body = request.render(
+            &Rewrite {
+                checkpoint: &cp,
+                tokens: &[],
+                merge_into_user: false,
+            },
+            false,
+        );
+        let text = String::from_utf8(body).unwrap();
+        let at = |key: &str| text.find(&format!("\"{key}\":")).unwrap();
+        let order = ["model", "stream", "input", "tools", "prompt_cache_key"].map(at);
+        assert!(order.windows(2).all(|w| w[0] < w[1]), "{text}");
+        let value: Value = serde_json::from_str(&text).unwrap();
+        let input = value["input"].as_array().unwrap();
+        assert_eq!(input.len(), 3);
+        assert_eq!(input[0]["role"], "developer");
+        assert_eq!(input[1]["role"], "user");
+        assert!(input[1]["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("<summary>\nS\n"));
+        assert_eq!(input[2]["content"], "two");
+        assert_eq!(value["prompt_cache_key"], "t1");
+    }
+
+    #[test]
+    fn a_string_input_is_one_user_message_and_the_original_body_is_untouched() {
+        let body = br#"{"model":"m","input":"hello","instructions":"be brief"}"#;
+        let request = ResponsesRequest::parse(body).unwrap();
+        assert_eq!(request.len(), 1);
+        assert_eq!(request.role(0), Role::User);
+        assert_eq!(request.original_body(false), body.to_vec());
+        assert!(request.head_tokens(Encoding::O200k) > TOKENS_FOR_TOOLS);
+    }
+
+    #[test]
+    fn bad_bodies_name_the_problem() {
+        let cases: [(&str, &str); 6] = [
+            ("[1]", "must be a JSON object"),
+            (r#"{"input":[]}"#, "'model'"),
+            (r#"{"model":"m"}"#, "'input'"),
+            (r#"{"model":"m","input":7}"#, "'input'"),
+            (r#"{"model":"m","input":[{"type":"message"}]}"#, "input[0]"),
+            (
+                r#"{"model":"m","input":[{"role":"user","content":"x"},4]}"#,
+                "input[1]",
+            ),
+        ];
+        for (body, expected) in cases {
+            let error = ResponsesRequest::parse(body.as_bytes()).unwrap_err();
+            assert!(error.to_string().contains(expected), "{body}: {error}");
+        }
+    }
+
+    #[test]
+    fn ids_do_not_change_the_chain() {
+        let a = ResponsesRequest::parse(
+            br#"{"model":"m","input":[{"type":"message","id":"msg_1","role":"user","content":"x"}]}"#,
+        )
+        .unwrap();
+        let b = ResponsesRequest::parse(br#"{"model":"m","input":[{"role":"user","content":[{"type":"input_text","text":"x"}]}]}"#).unwrap();
+        assert_eq!(a.canonical(0), b.canonical(0));
+    }
+}
