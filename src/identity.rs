@@ -1,10 +1,17 @@
 //! Conversation identity: a hash chain over canonical message JSON, seeded with the tenant.
 //!
-//! `h[0] = H(tenant, c[0])`, `h[i] = H(h[i-1], c[i])` where `c[i]` is the hash of message `i`'s
-//! canonical JSON (object keys sorted, no whitespace). Two requests share `h[k]` exactly when
-//! they come from the same tenant and their first `k+1` messages are equal as JSON values, so a
-//! checkpoint keyed by `h[k]` can never be applied to another tenant's conversation, and a
-//! client that edits its history simply stops matching.
+//! `h[0] = H(tenant, c[0])`, `h[i] = H(h[i-1], c[i])` where `c[i]` is the hash of element `i`'s
+//! canonical JSON. Two requests share `h[k]` exactly when they come from the same tenant and
+//! their first `k+1` elements are canonically equal, so a checkpoint keyed by `h[k]` can never
+//! be applied to another tenant's conversation, and a client that edits its history simply
+//! stops matching.
+//!
+//! The canonical form ignores what clients re-serialize differently from one request to the
+//! next while meaning the same: object key order and whitespace; `cache_control` markers (which
+//! Claude Code moves to the newest turn) at any depth; an element's own `id` and `status`
+//! (which Responses clients regenerate; ids nested deeper, such as tool call ids, are kept
+//! because results refer to them); and a `content` that is a single text block, which equals
+//! the same text as a plain string.
 
 use serde_json::value::RawValue;
 use serde_json::Value;
@@ -24,11 +31,11 @@ pub fn tenant(credential: &str) -> Hash {
     *h.finalize().as_bytes()
 }
 
-/// Hash of a message's canonical JSON.
+/// Hash of an element's canonical JSON.
 pub fn canonical_hash(raw: &RawValue) -> Hash {
     let mut hasher = blake3::Hasher::new();
     match serde_json::from_str::<Value>(raw.get()) {
-        Ok(value) => write_canonical(&value, &mut hasher),
+        Ok(value) => write_canonical(&value, true, &mut hasher),
         // Unparseable values never reach here (requests are validated); hash the bytes anyway.
         Err(_) => {
             hasher.update(raw.get().as_bytes());
@@ -37,10 +44,21 @@ pub fn canonical_hash(raw: &RawValue) -> Hash {
     *hasher.finalize().as_bytes()
 }
 
-fn write_canonical(value: &Value, out: &mut blake3::Hasher) {
+/// Keys that never take part in identity, at any depth.
+const IGNORED_KEYS: &[&str] = &["cache_control"];
+/// Keys of the element itself (not nested values) that never take part in identity.
+const IGNORED_ELEMENT_KEYS: &[&str] = &["id", "status"];
+/// Block types whose single occurrence as a `content` equals its text as a string.
+const TEXT_BLOCKS: &[&str] = &["text", "input_text", "output_text"];
+
+fn write_canonical(value: &Value, element: bool, out: &mut blake3::Hasher) {
     match value {
         Value::Object(map) => {
-            let mut keys: Vec<&String> = map.keys().collect();
+            let mut keys: Vec<&String> = map
+                .keys()
+                .filter(|k| !IGNORED_KEYS.contains(&k.as_str()))
+                .filter(|k| !(element && IGNORED_ELEMENT_KEYS.contains(&k.as_str())))
+                .collect();
             keys.sort();
             out.update(b"{");
             for (i, key) in keys.into_iter().enumerate() {
@@ -49,7 +67,13 @@ fn write_canonical(value: &Value, out: &mut blake3::Hasher) {
                 }
                 out.update(Value::String(key.clone()).to_string().as_bytes());
                 out.update(b":");
-                write_canonical(&map[key], out);
+                let value = &map[key];
+                match single_text_block(key, value) {
+                    Some(text) => {
+                        out.update(Value::String(text.to_string()).to_string().as_bytes());
+                    }
+                    None => write_canonical(value, false, out),
+                }
             }
             out.update(b"}");
         }
@@ -59,7 +83,7 @@ fn write_canonical(value: &Value, out: &mut blake3::Hasher) {
                 if i > 0 {
                     out.update(b",");
                 }
-                write_canonical(item, out);
+                write_canonical(item, false, out);
             }
             out.update(b"]");
         }
@@ -67,6 +91,22 @@ fn write_canonical(value: &Value, out: &mut blake3::Hasher) {
             out.update(scalar.to_string().as_bytes());
         }
     }
+}
+
+/// The text of a `content` that is exactly one text block (ignoring ignored keys).
+fn single_text_block<'v>(key: &str, value: &'v Value) -> Option<&'v str> {
+    if key != "content" {
+        return None;
+    }
+    let [Value::Object(block)] = value.as_array()?.as_slice() else {
+        return None;
+    };
+    let kind = block.get("type")?.as_str()?;
+    let text = block.get("text")?.as_str()?;
+    let only_type_and_text = block
+        .keys()
+        .all(|k| k == "type" || k == "text" || IGNORED_KEYS.contains(&k.as_str()));
+    (TEXT_BLOCKS.contains(&kind) && only_type_and_text).then_some(text)
 }
 
 /// The chain `h[0..n)` for a conversation of canonical message hashes.
@@ -107,6 +147,33 @@ mod tests {
         let c = canonical_hash(&raw(r#"{"role":"user","content":"hi!"}"#));
         assert_eq!(a, b);
         assert_ne!(a, c);
+    }
+
+    #[test]
+    fn canonical_ignores_what_clients_reserialize() {
+        let plain = canonical_hash(&raw(r#"{"role":"user","content":"hi"}"#));
+        for same in [
+            r#"{"role":"user","content":[{"type":"text","text":"hi"}]}"#,
+            r#"{"role":"user","content":[{"type":"text","text":"hi","cache_control":{"type":"ephemeral"}}]}"#,
+            r#"{"role":"user","content":"hi","id":"msg_1","status":"completed"}"#,
+            r#"{"role":"user","cache_control":{"type":"ephemeral"},"content":"hi"}"#,
+        ] {
+            assert_eq!(canonical_hash(&raw(same)), plain, "{same}");
+        }
+        for different in [
+            r#"{"role":"user","content":[{"type":"text","text":"hi"},{"type":"text","text":"hi"}]}"#,
+            r#"{"role":"user","content":[{"type":"image","source":"x"}]}"#,
+            r#"{"role":"assistant","content":"hi"}"#,
+        ] {
+            assert_ne!(canonical_hash(&raw(different)), plain, "{different}");
+        }
+        // Ids below the element are kept: tool results refer to them.
+        let call = |id: &str| {
+            canonical_hash(&raw(&format!(
+                r#"{{"role":"assistant","tool_calls":[{{"id":"{id}","type":"function"}}]}}"#
+            )))
+        };
+        assert_ne!(call("c1"), call("c2"));
     }
 
     #[test]
