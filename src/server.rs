@@ -11,10 +11,12 @@ use tokio::net::TcpListener;
 
 use crate::compaction::Engine;
 use crate::config::Config;
+use crate::dialect::chat::Chat;
 use crate::http::{router, App};
 use crate::measure::{windows::WindowTable, Meter};
 use crate::metrics::Metrics;
 use crate::store::{self, CheckpointStore};
+use crate::upstream::summarizer::HttpSummarizer;
 use crate::upstream::{KeyHeader, Upstream};
 
 /// Messages whose token counts are remembered.
@@ -65,7 +67,7 @@ pub fn build_with_store(
         store,
         Meter::new(METER_CACHE_MESSAGES),
         WindowTable::new(&config.windows, config.default_window),
-        summary_upstream,
+        Arc::new(HttpSummarizer::new(summary_upstream, Arc::new(Chat))),
         metrics.clone(),
     ));
     Ok(Arc::new(App {

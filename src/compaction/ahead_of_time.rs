@@ -3,7 +3,7 @@
 //! ready instead of waiting for a summary.
 
 use std::sync::Arc;
-use std::time::Instant;
+use tokio::time::Instant;
 
 use crate::identity;
 
@@ -64,7 +64,11 @@ impl Engine {
                             })
                             .inc();
                     }
-                    Err(e) => tracing::info!(reason = %e, "Ahead-of-time summary not made."),
+                    Err(e) => tracing::info!(
+                        reason = %e,
+                        cause = %super::summarizer::with_causes(&e),
+                        "Ahead-of-time summary not made."
+                    ),
                 }
             }
             engine.background.remove(&anchor);

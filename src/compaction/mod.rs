@@ -26,6 +26,7 @@ pub mod record;
 pub mod rewrite;
 mod single_flight;
 pub mod summarize;
+pub mod summarizer;
 mod summary;
 
 use std::sync::atomic::AtomicU64;
@@ -42,9 +43,9 @@ use crate::measure::{calibration, windows::WindowTable, Encoding, Meter};
 use crate::metrics::Metrics;
 use crate::request::ChatRequest;
 use crate::store::{CheckpointStore, ModelFacts};
-use crate::upstream::Upstream;
 
 use conversation::{Conversation, View};
+pub use summarizer::{Summarizer, SummarizerError};
 
 /// What the client asked for in `x-compactor-mode`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -147,13 +148,23 @@ enum SummaryError {
     #[error("summarizer-timeout")]
     Timeout,
     #[error("summarizer-error")]
-    Upstream(String),
+    Summarizer(#[source] SummarizerError),
     #[error("summarizer-answer")]
-    Answer(#[from] summarize::AnswerError),
+    Answer(#[source] summarize::AnswerError),
     #[error("no-reduction")]
     NoReduction,
     #[error("nothing-to-summarize")]
     Nothing,
+}
+
+impl From<SummarizerError> for SummaryError {
+    fn from(e: SummarizerError) -> SummaryError {
+        match e {
+            SummarizerError::Timeout => SummaryError::Timeout,
+            SummarizerError::Answer(answer) => SummaryError::Answer(answer),
+            other => SummaryError::Summarizer(other),
+        }
+    }
 }
 
 /// The shared engine.
@@ -163,7 +174,7 @@ pub struct Engine {
     store: Arc<dyn CheckpointStore>,
     meter: Meter,
     windows: WindowTable,
-    summary_upstream: Upstream,
+    summary_writer: Arc<dyn Summarizer>,
     metrics: Arc<Metrics>,
     /// Learned model facts, read through to the store.
     facts: DashMap<String, (ModelFacts, Instant)>,
@@ -192,7 +203,7 @@ impl Engine {
         store: Arc<dyn CheckpointStore>,
         meter: Meter,
         windows: WindowTable,
-        summary_upstream: Upstream,
+        summary_writer: Arc<dyn Summarizer>,
         metrics: Arc<Metrics>,
     ) -> Engine {
         Engine {
@@ -201,7 +212,7 @@ impl Engine {
             store,
             meter,
             windows,
-            summary_upstream,
+            summary_writer,
             metrics,
             facts: DashMap::new(),
             unproductive: DashMap::new(),

@@ -5,7 +5,9 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use crate::identity::{self, Hash};
 use crate::store::Checkpoint;

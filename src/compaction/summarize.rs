@@ -3,8 +3,10 @@
 //! summarizer's window. Building requests and reading answers is pure; sending them is the
 //! engine's job.
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
+use crate::dialect::chat::Chat;
+use crate::dialect::{Dialect, SummaryRequest};
 use crate::measure::Encoding;
 use crate::request::{Message, Role};
 
@@ -95,7 +97,7 @@ fn shorten(text: &str, limit: usize) -> String {
     cut_middle(text, chars as u64, limit as u64)
 }
 
-/// The body of one summary request.
+/// The body of one summary request, in chat completions form.
 pub fn request_body(
     model: &str,
     previous: Option<&str>,
@@ -103,6 +105,22 @@ pub fn request_body(
     instructions: &[&str],
     max_tokens: u64,
 ) -> Value {
+    let user = user_prompt(previous, transcript, instructions, max_tokens);
+    Chat.summary_request(&SummaryRequest {
+        model,
+        system: SYSTEM_PROMPT,
+        user: &user,
+        max_tokens,
+    })
+}
+
+/// The user message of a summary request: the previous summary, the transcript, what to do.
+pub fn user_prompt(
+    previous: Option<&str>,
+    transcript: &str,
+    instructions: &[&str],
+    max_tokens: u64,
+) -> String {
     let mut user = String::new();
     if let Some(previous) = previous {
         user.push_str("<previous-summary>\n");
@@ -122,16 +140,7 @@ pub fn request_body(
         user.push_str("\n\nAdditional instructions: ");
         user.push_str(extra.trim());
     }
-    json!({
-        "model": model,
-        "messages": [
-            {"role": "system", "content": SYSTEM_PROMPT},
-            {"role": "user", "content": user},
-        ],
-        "max_tokens": max_tokens,
-        "temperature": 0.2,
-        "stream": false,
-    })
+    user
 }
 
 /// Tokens a summary request costs apart from its transcript and previous summary.

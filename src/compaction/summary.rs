@@ -3,17 +3,20 @@
 //! than the summarizer's window), and storing the checkpoint only when it frees tokens.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use tokio::time::Instant;
+
+use crate::dialect::SummaryRequest;
 use crate::identity;
 use crate::measure::{calibration, Encoding, REPLY_PRIMING};
 use crate::store::Checkpoint;
-use crate::upstream;
 
 use super::conversation::{Conversation, View};
 use super::plan::{self, PlanError, PlanInput};
 use super::{
-    files, record, summarize, Engine, Mode, Outcome, Prepared, RequestContext, Status, SummaryError,
+    files, record, summarize, summarizer, Engine, Mode, Outcome, Prepared, RequestContext, Status,
+    SummaryError,
 };
 
 impl Engine {
@@ -66,7 +69,11 @@ impl Engine {
             Err(e) => {
                 self.metrics.compaction_failures.inc();
                 self.note_progress(conversation.anchor, false);
-                tracing::warn!(reason = %e, "Compaction failed; serving the request without it.");
+                tracing::warn!(
+                    reason = %e,
+                    cause = %summarizer::with_causes(&e),
+                    "Compaction failed; serving the request without it."
+                );
                 outcome.status = Some(Status::Failed {
                     reason: e.to_string(),
                     fallback: "original",
@@ -269,57 +276,21 @@ impl Engine {
         // The model sees and rewrites only its own text; the record is carried by code.
         let mut running = previous.map(|p| record::split(p).0.to_string());
         for chunk in chunks {
-            let body = summarize::request_body(
-                &model,
-                running.as_deref(),
-                &chunk,
-                &instructions,
+            let user =
+                summarize::user_prompt(running.as_deref(), &chunk, &instructions, max_tokens);
+            let request = SummaryRequest {
+                model: &model,
+                system: summarize::SYSTEM_PROMPT,
+                user: &user,
                 max_tokens,
+            };
+            running = Some(
+                self.summary_writer
+                    .summarize(&request, &context.credentials)
+                    .await?,
             );
-            running = Some(self.ask_summarizer(context, &body).await?);
         }
         let text = running.ok_or(SummaryError::Nothing)?;
         Ok(record::attach(&text, span, previous, encoding, max_tokens))
-    }
-
-    async fn ask_summarizer(
-        &self,
-        context: &RequestContext,
-        body: &serde_json::Value,
-    ) -> Result<String, SummaryError> {
-        let mut headers = context.credentials.clone();
-        headers.insert(
-            http::header::CONTENT_TYPE,
-            http::HeaderValue::from_static("application/json"),
-        );
-        headers.insert(
-            "x-compactor-purpose",
-            http::HeaderValue::from_static("summary"),
-        );
-        let bytes = serde_json::to_vec(body).map_err(|e| SummaryError::Upstream(e.to_string()))?;
-        let mut response = self
-            .summary_upstream
-            .send(
-                http::Method::POST,
-                "/chat/completions",
-                headers,
-                upstream::body_from(bytes),
-            )
-            .await
-            .map_err(|e| match e {
-                upstream::UpstreamError::Timeout(_) => SummaryError::Timeout,
-                other => SummaryError::Upstream(other.to_string()),
-            })?;
-        let body = response
-            .read_body(8 * 1024 * 1024)
-            .await
-            .map_err(|e| SummaryError::Upstream(e.to_string()))?;
-        if !response.status.is_success() {
-            return Err(SummaryError::Upstream(format!(
-                "status {}",
-                response.status.as_u16()
-            )));
-        }
-        Ok(summarize::read_answer(&body)?)
     }
 }

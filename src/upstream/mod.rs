@@ -2,7 +2,9 @@
 //!
 //! Requests go out with the client's headers minus hop-by-hop ones (and with the configured key
 //! in place of the client's credentials, when there is one); responses come back as a status,
-//! headers and a byte stream that is never buffered.
+//! headers and a byte stream that is never buffered. [`summarizer`] sends summary requests.
+
+pub mod summarizer;
 
 use std::pin::Pin;
 use std::time::Duration;
