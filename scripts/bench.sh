@@ -11,9 +11,11 @@
 #   Debian:    nginx, wrk                          (apt-get)
 #   crates.io: oha $OHA_VERSION                    (cargo install, into $CACHE/oha)
 #   PyPI:      litellm[proxy]==$LITELLM_VERSION    (a venv in $CACHE/litellm-venv)
+#              openai==$OPENAI_SDK_VERSION          (a venv in $CACHE/sdk-venv: the real-SDK row)
 # and it builds target/release/compactor (`cargo build --release`) unless BENCH_NO_BUILD=1.
 #
 # Environment: COMPACTOR_CACHE (default ~/.cache/compactor-bench), OHA_VERSION, LITELLM_VERSION,
+# OPENAI_SDK_VERSION,
 # BENCH_NO_BUILD=1 (use the existing binary), BENCH_COMPACTOR_LOG (COMPACTOR_LOG for the proxy, default warn).
 set -euo pipefail
 
@@ -21,6 +23,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CACHE="${COMPACTOR_CACHE:-$HOME/.cache/compactor-bench}"
 OHA_VERSION="${OHA_VERSION:-1.16.0}"
 LITELLM_VERSION="${LITELLM_VERSION:-1.108.7}"
+OPENAI_SDK_VERSION="${OPENAI_SDK_VERSION:-3.57.0}"
 mkdir -p "$CACHE"
 
 say() { echo "[bench.sh] $*" >&2; }
@@ -58,6 +61,16 @@ if [ ! -x "$VENV/bin/litellm" ]; then
   "$VENV/bin/pip" install -q "litellm[proxy]==$LITELLM_VERSION"
 fi
 
+# --- the OpenAI Python SDK, for the real-SDK row ------------------------------------------------
+SDK_VENV="$CACHE/sdk-venv"
+if [ "$(cat "$SDK_VENV/.stamp" 2>/dev/null)" != "openai==$OPENAI_SDK_VERSION" ]; then
+  say "installing openai==$OPENAI_SDK_VERSION into $SDK_VENV (pip)"
+  rm -rf "$SDK_VENV"
+  python3 -m venv "$SDK_VENV"
+  "$SDK_VENV/bin/pip" install -q --disable-pip-version-check "openai==$OPENAI_SDK_VERSION"
+  echo "openai==$OPENAI_SDK_VERSION" >"$SDK_VENV/.stamp"
+fi
+
 # --- the proxy ---------------------------------------------------------------------------------
 if [ "${BENCH_NO_BUILD:-0}" != 1 ]; then
   say "cargo build --release"
@@ -70,4 +83,4 @@ ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" || true
 # LiteLLM's bundled encoding files) for exact token counts of the large conversation.
 export BENCH_COMMAND="scripts/bench.sh${*:+ $*}"
 exec "$VENV/bin/python" "$ROOT/scripts/bench/run.py" \
-  --oha "$OHA" --litellm "$VENV/bin/litellm" "$@"
+  --oha "$OHA" --litellm "$VENV/bin/litellm" --sdk-python "$SDK_VENV/bin/python" "$@"

@@ -7,6 +7,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 
 use crate::compaction::Engine;
@@ -97,6 +98,14 @@ pub async fn serve(
         );
         let _ = stopping_tx.send(());
     };
+    // Responses are written in more than one segment (head, then body chunks); with Nagle's
+    // algorithm on, the second segment waits for the client's delayed ACK (tens of milliseconds
+    // per request on a kept-alive connection).
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "Could not set TCP_NODELAY on an accepted connection.");
+        }
+    });
     let server = axum::serve(listener, router(app)).with_graceful_shutdown(signal);
     let deadline = async move {
         if stopping_rx.await.is_ok() {

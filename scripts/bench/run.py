@@ -634,6 +634,21 @@ def measure_streaming(sys_, env, res):
         res["streams"] = out
 
 
+def measure_sdk(sys_, env, res):
+    """The OpenAI Python SDK as applications use it (httpx, connections kept alive): wall time
+    per request, non-streaming and streaming, sequential (scripts/bench/sdk_client.py)."""
+    log(f"{sys_.name}: OpenAI Python SDK, {env.sdk_n} requests each way")
+    base = sys_.json_url.rsplit("/chat/completions", 1)[0]
+    sse_base = sys_.sse_url.rsplit("/chat/completions", 1)[0]
+    out = subprocess.run([env.sdk_python, os.path.join(HERE, "sdk_client.py"), "--base-url", base,
+                          "--sse-base-url", sse_base, "--api-key", clients.BENCH_KEY,
+                          "-n", str(env.sdk_n)], capture_output=True, text=True, timeout=900)
+    if out.returncode != 0:
+        raise RuntimeError(f"sdk_client.py failed: {out.stderr.strip()[-400:]}")
+    times = json.loads(out.stdout)
+    res["sdk"] = {kind: {"p50": pct(v, .5), "p99": pct(v, .99), "n": len(v)} for kind, v in times.items()}
+
+
 def measure_large(sys_, env, res, conv):
     """A ~128k-token real conversation plus one new turn: cold (never seen before) and warm (the
     client's next request: the same conversation, which the proxy has seen, plus one turn). Sent
@@ -861,6 +876,12 @@ def report(env, results, extra):
     row("stream TTFB **added** p50 / p99 (ms)",
         lambda r: "floor" if r is base else
         f"{(r['ttfb']['p50'] - base['ttfb']['p50']) * 1e3:+.3f} / {(r['ttfb']['p99'] - base['ttfb']['p99']) * 1e3:+.3f}")
+    for kind, label in (("json", "non-streaming"), ("sse", "streaming, whole stream")):
+        row(f"OpenAI Python SDK, kept alive, {label}: p50 / p99 (ms)",
+            lambda r, kind=kind: f"{ms(r['sdk'][kind]['p50'])} / {ms(r['sdk'][kind]['p99'])}")
+        row(f"OpenAI Python SDK, kept alive, {label}: **added** p50 / p99 (ms)",
+            lambda r, kind=kind: "floor" if r is base else " / ".join(
+                f"{(r['sdk'][kind][q] - base['sdk'][kind][q]) * 1e3:+.3f}" for q in ("p50", "p99")))
     row(f"slow stream ({CHUNKS} chunks {CHUNK_MS} ms apart): chunk delay p50 / max (ms)",
         lambda r: f"{ms(r['chunks']['p50'])} / {ms(r['chunks']['max'])}" + ("" if r['chunks']['n'] == CHUNKS else f" ({r['chunks']['n']} chunks)"))
     if env.streams:
@@ -1007,6 +1028,14 @@ def targets(env, results, extra):
                     f"direct's worst by half an interval)",
                     f"delay p50 {ms(c['chunks']['p50'])} / max {ms(cm)} ms vs direct {ms(d['chunks']['p50'])} / "
                     f"{ms(dm)} ms, {c['chunks']['n']}/{d['chunks']['n']} chunks", verdict(ok)))
+    if c.get("sdk") and d.get("sdk"):
+        for kind, label in (("json", "non-streaming"), ("sse", "streaming")):
+            a = c["sdk"][kind]["p50"] - d["sdk"][kind]["p50"]
+            out.append((f"(issue 16) OpenAI Python SDK, kept alive, {label}: added p50 ≤ 0.2 ms",
+                        f"{a * 1e3:+.3f} ms", verdict(a <= 0.0002)))
+    else:
+        out.append(("(issue 16) OpenAI Python SDK: added p50 ≤ 0.2 ms",
+                    "n/a: not measured (no --sdk-python)", "n/a"))
     ri = c.get("rss_idle_kb")
     out.append(("RSS idle ≤ 64 MB", f"{mb(ri)} MB", verdict(None if ri is None else ri <= 64 * 1024)))
     st = c.get("streams")
@@ -1062,6 +1091,9 @@ def main():
     ap.add_argument("--streams", type=int, default=1000, help="concurrent open streams (0: skip)")
     ap.add_argument("--streams-timeout", type=int, default=30)
     ap.add_argument("--ttfb-n", type=int, default=1000)
+    ap.add_argument("--sdk-python", default="",
+                    help="a Python with the `openai` package, for the real-SDK row ('' skips it)")
+    ap.add_argument("--sdk-n", type=int, default=300, help="SDK requests per system and kind")
     ap.add_argument("--large-tokens", type=int, default=128000)
     ap.add_argument("--large-model", default="gpt-4.1",
                     help="model name for the large conversation (default gpt-4.1: a 1M window, so "
@@ -1096,6 +1128,7 @@ def main():
                         oha=a.oha, litellm=a.litellm, litellm_workers=a.litellm_workers,
                         compactor=a.compactor, compactor_config=a.compactor_config,
                         streams=a.streams, streams_timeout=a.streams_timeout, ttfb_n=a.ttfb_n,
+                        sdk_python=a.sdk_python, sdk_n=a.sdk_n,
                         large_cold=a.large_cold, large_model=a.large_model, large_warm=a.large_warm,
                         summary_delay=a.summary_delay, compact_window=a.compact_window,
                         oha_conns=a.oha_conns, wrk_conns=a.wrk_conns, wrk_threads=a.wrk_threads)
@@ -1224,6 +1257,8 @@ def main():
             r = results[s.name]
             try:
                 measure_streaming(s, env, r)
+                if env.sdk_python and s.name != "LiteLLM":
+                    measure_sdk(s, env, r)
                 if s.name in ("direct", "Compactor") and conv is not None:
                     log(f"{s.name}: 128k-token conversation, cold and warm")
                     measure_large(s, env, r, conv)
