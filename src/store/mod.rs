@@ -9,6 +9,7 @@ mod lease;
 pub mod memory;
 pub mod redis;
 pub mod sqlite;
+mod sqlite_file;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

@@ -3,60 +3,116 @@
 //! The file belongs to one proxy process, so reads are served from a write-through cache of
 //! each conversation's checkpoints; SQLite is touched on writes and on the first read of a
 //! conversation. Leases are in-process (there is only one process to coordinate).
+//!
+//! A write that fails (a full disk, a read-only file) does not lose the checkpoint: it is kept in
+//! memory and served from there, the store reports itself degraded (`x-compactor-store`,
+//! `/readyz`), and the write is retried with the next one, or when health is next checked.
+//! A database file removed while the proxy runs is noticed and written again from the open
+//! connection (see [`super::sqlite_file`]).
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use quick_cache::sync::Cache;
-use rusqlite::{params, Connection, OptionalExtension};
+use rusqlite::{params, OptionalExtension};
 
 use super::lease::LeaseTable;
+use super::sqlite_file::{unavailable, Database, Write};
 use super::{
-    expiry_cutoff, insert_newest_first, is_fresh, without_expired, Checkpoint, CheckpointStore,
-    ModelFacts, StoreError, CHECKPOINTS_PER_CONVERSATION,
+    expiry_cutoff, insert_newest_first, is_fresh, now_ms, Checkpoint, CheckpointStore, ModelFacts,
+    StoreError, CHECKPOINTS_PER_CONVERSATION,
 };
 
+/// Writes kept in memory while the file cannot take them (the oldest are dropped beyond this).
+const MAX_PENDING_WRITES: usize = 10_000;
+/// How often a health check looks at the file and retries pending writes.
+const HEALTH_CHECK_INTERVAL_MS: u64 = 1_000;
+
 pub struct SqliteStore {
-    connection: Arc<Mutex<Connection>>,
+    database: Arc<Mutex<Database>>,
     conversations: Cache<String, Arc<Vec<Checkpoint>>>,
     models: Mutex<HashMap<String, ModelFacts>>,
     leases: LeaseTable,
     ttl: Duration,
+    health: Arc<Health>,
 }
 
-fn unavailable(e: impl std::fmt::Display) -> StoreError {
-    StoreError::Unavailable(e.to_string())
+/// Whether the file is keeping up, and what it has not taken yet.
+#[derive(Default)]
+struct Health {
+    degraded: AtomicBool,
+    /// Writes not yet on disk, oldest first, each with its sequence number.
+    pending: Mutex<Vec<(u64, Write)>>,
+    next_sequence: AtomicU64,
+    last_check_ms: AtomicU64,
+    flushing: AtomicBool,
+}
+
+impl Health {
+    fn queue(&self, write: Write) {
+        let sequence = self.next_sequence.fetch_add(1, Ordering::SeqCst);
+        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        pending.push((sequence, write));
+        if pending.len() > MAX_PENDING_WRITES {
+            pending.remove(0);
+        }
+    }
+
+    fn snapshot(&self) -> Vec<(u64, Write)> {
+        self.pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Records the outcome of writing everything up to sequence `upto`.
+    fn written(&self, upto: Option<u64>, result: Result<(), StoreError>) {
+        match result {
+            Ok(()) => {
+                if let Some(upto) = upto {
+                    self.pending
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .retain(|(s, _)| *s > upto);
+                }
+                if self.degraded.swap(false, Ordering::SeqCst) {
+                    tracing::info!(
+                        "Checkpoint store recovered: the database file takes writes again."
+                    );
+                }
+            }
+            Err(e) => self.degrade(&e),
+        }
+    }
+
+    fn degrade(&self, error: &StoreError) {
+        if !self.degraded.swap(true, Ordering::SeqCst) {
+            tracing::error!(error = %error, "Checkpoint store degraded: the database file failed; serving checkpoints from memory.");
+        }
+    }
+}
+
+/// Writes every pending write, in order, in one transaction.
+fn flush(database: &Mutex<Database>, health: &Health) {
+    let pending = health.snapshot();
+    let upto = pending.last().map(|(s, _)| *s);
+    let writes: Vec<Write> = pending.into_iter().map(|(_, w)| w).collect();
+    let mut db = database.lock().unwrap_or_else(|p| p.into_inner());
+    let result = db.apply(&writes);
+    health.written(upto, result);
 }
 
 impl SqliteStore {
     /// Opens (creating if needed) the database at `path`, and prunes checkpoints older than `ttl`
     /// (zero: keep forever).
     pub fn open(path: &Path, ttl: Duration) -> Result<SqliteStore, StoreError> {
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir)
-                .map_err(|e| unavailable(format!("{}: {e}", dir.display())))?;
-        }
-        let connection =
-            Connection::open(path).map_err(|e| unavailable(format!("{}: {e}", path.display())))?;
-        connection
-            .execute_batch(
-                "PRAGMA journal_mode = WAL;
-                 PRAGMA synchronous = NORMAL;
-                 CREATE TABLE IF NOT EXISTS checkpoints (
-                     id TEXT PRIMARY KEY,
-                     anchor TEXT NOT NULL,
-                     covered INTEGER NOT NULL,
-                     created_ms INTEGER NOT NULL,
-                     body TEXT NOT NULL
-                 );
-                 CREATE INDEX IF NOT EXISTS checkpoints_by_anchor ON checkpoints (anchor, covered DESC, created_ms DESC);
-                 CREATE TABLE IF NOT EXISTS model_facts (model TEXT PRIMARY KEY, body TEXT NOT NULL);",
-            )
-            .map_err(unavailable)?;
+        let database = Database::open(path)?;
         if let Some(cutoff) = expiry_cutoff(ttl) {
-            connection
+            database
+                .connection()
                 .execute(
                     "DELETE FROM checkpoints WHERE created_ms < ?1",
                     params![cutoff as i64],
@@ -64,26 +120,59 @@ impl SqliteStore {
                 .map_err(unavailable)?;
         }
         Ok(SqliteStore {
-            connection: Arc::new(Mutex::new(connection)),
+            database: Arc::new(Mutex::new(database)),
             conversations: Cache::new(10_000),
             models: Mutex::new(HashMap::new()),
             leases: LeaseTable::default(),
             ttl,
+            health: Arc::new(Health::default()),
         })
     }
 
-    /// Runs `work` on the connection off the async runtime.
-    async fn with_connection<T: Send + 'static>(
+    /// Runs a read on the connection off the async runtime; a failure degrades the store.
+    async fn read<T: Send + 'static>(
         &self,
-        work: impl FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+        work: impl FnOnce(&rusqlite::Connection) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
-        let connection = self.connection.clone();
-        tokio::task::spawn_blocking(move || {
-            let guard = connection.lock().unwrap_or_else(|p| p.into_inner());
-            work(&guard)
+        let database = self.database.clone();
+        let result = tokio::task::spawn_blocking(move || {
+            let db = database.lock().unwrap_or_else(|p| p.into_inner());
+            work(db.connection())
         })
         .await
-        .map_err(unavailable)?
+        .map_err(unavailable)?;
+        if let Err(e) = &result {
+            self.health.degrade(e);
+        }
+        result
+    }
+
+    /// Queues `write` and writes everything pending. A failure keeps the writes in memory (they
+    /// are served from there) and degrades the store; it is not the caller's failure.
+    async fn write(&self, write: Write) {
+        self.health.queue(write);
+        let (database, health) = (self.database.clone(), self.health.clone());
+        if let Err(e) = tokio::task::spawn_blocking(move || flush(&database, &health)).await {
+            self.health.degrade(&unavailable(e));
+        }
+    }
+
+    /// Checkpoints written while the file failed, for one conversation or one id.
+    fn pending_checkpoints(&self, wanted: impl Fn(&str, &str) -> bool) -> Vec<Checkpoint> {
+        self.health
+            .snapshot()
+            .into_iter()
+            .filter_map(|(_, w)| match w {
+                Write::Checkpoint {
+                    id, anchor, body, ..
+                } if wanted(&id, &anchor) => decode(body).ok(),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn fresh(&self, list: Vec<Checkpoint>) -> Vec<Checkpoint> {
+        list.into_iter().filter(|c| is_fresh(c, self.ttl)).collect()
     }
 }
 
@@ -94,29 +183,25 @@ fn decode(body: String) -> Result<Checkpoint, StoreError> {
 #[async_trait::async_trait]
 impl CheckpointStore for SqliteStore {
     async fn put(&self, checkpoint: &Checkpoint) -> Result<(), StoreError> {
-        let mut list = (*self.for_anchor(&checkpoint.anchor).await?).clone();
+        let mut list = match self.for_anchor(&checkpoint.anchor).await {
+            Ok(list) => (*list).clone(),
+            Err(_) => vec![],
+        };
         insert_newest_first(&mut list, checkpoint);
         let body =
             serde_json::to_string(checkpoint).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        let cp = checkpoint.clone();
-        let keep: Vec<String> = list.iter().map(|c| c.id.clone()).collect();
-        self.with_connection(move |c| {
-            c.execute(
-                "INSERT OR REPLACE INTO checkpoints (id, anchor, covered, created_ms, body) VALUES (?1, ?2, ?3, ?4, ?5)",
-                params![cp.id, cp.anchor, cp.covered as i64, cp.created_ms as i64, body],
-            )
-            .map_err(unavailable)?;
-            // Drop what fell off the newest-N list.
-            let placeholders = vec!["?"; keep.len()].join(",");
-            let sql = format!("DELETE FROM checkpoints WHERE anchor = ? AND id NOT IN ({placeholders})");
-            let mut values: Vec<&dyn rusqlite::ToSql> = vec![&cp.anchor];
-            values.extend(keep.iter().map(|k| k as &dyn rusqlite::ToSql));
-            c.execute(&sql, values.as_slice()).map_err(unavailable)?;
-            Ok(())
-        })
-        .await?;
+        let keep = list.iter().map(|c| c.id.clone()).collect();
         self.conversations
             .insert(checkpoint.anchor.clone(), Arc::new(list));
+        self.write(Write::Checkpoint {
+            id: checkpoint.id.clone(),
+            anchor: checkpoint.anchor.clone(),
+            covered: checkpoint.covered,
+            created_ms: checkpoint.created_ms,
+            body,
+            keep,
+        })
+        .await;
         Ok(())
     }
 
@@ -126,7 +211,7 @@ impl CheckpointStore for SqliteStore {
         }
         let key = anchor.to_string();
         let bodies = self
-            .with_connection(move |c| {
+            .read(move |c| {
                 let mut stmt = c
                     .prepare_cached(
                         "SELECT body FROM checkpoints WHERE anchor = ?1 ORDER BY covered DESC, created_ms DESC LIMIT ?2",
@@ -138,18 +223,22 @@ impl CheckpointStore for SqliteStore {
                 rows.collect::<Result<Vec<_>, _>>().map_err(unavailable)
             })
             .await?;
-        let list = without_expired(
-            Arc::new(bodies.into_iter().map(decode).collect::<Result<_, _>>()?),
-            self.ttl,
-        );
+        let mut list: Vec<Checkpoint> = bodies.into_iter().map(decode).collect::<Result<_, _>>()?;
+        for pending in self.pending_checkpoints(|_, a| a == anchor) {
+            insert_newest_first(&mut list, &pending);
+        }
+        let list = Arc::new(self.fresh(list));
         self.conversations.insert(anchor.to_string(), list.clone());
         Ok(list)
     }
 
     async fn get(&self, id: &str) -> Result<Option<Checkpoint>, StoreError> {
+        if let Some(pending) = self.pending_checkpoints(|i, _| i == id).pop() {
+            return Ok(self.fresh(vec![pending]).pop());
+        }
         let key = id.to_string();
         let body = self
-            .with_connection(move |c| {
+            .read(move |c| {
                 c.query_row(
                     "SELECT body FROM checkpoints WHERE id = ?1",
                     params![key],
@@ -159,10 +248,9 @@ impl CheckpointStore for SqliteStore {
                 .map_err(unavailable)
             })
             .await?;
-        Ok(body
-            .map(decode)
-            .transpose()?
-            .filter(|c| is_fresh(c, self.ttl)))
+        Ok(self
+            .fresh(body.map(decode).transpose()?.into_iter().collect())
+            .pop())
     }
 
     async fn model_facts(&self, model: &str) -> Result<ModelFacts, StoreError> {
@@ -176,7 +264,7 @@ impl CheckpointStore for SqliteStore {
         }
         let key = model.to_string();
         let body = self
-            .with_connection(move |c| {
+            .read(move |c| {
                 c.query_row(
                     "SELECT body FROM model_facts WHERE model = ?1",
                     params![key],
@@ -202,17 +290,13 @@ impl CheckpointStore for SqliteStore {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(model.to_string(), facts);
-        let key = model.to_string();
         let body = serde_json::to_string(&facts).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        self.with_connection(move |c| {
-            c.execute(
-                "INSERT OR REPLACE INTO model_facts (model, body) VALUES (?1, ?2)",
-                params![key, body],
-            )
-            .map(|_| ())
-            .map_err(unavailable)
+        self.write(Write::ModelFacts {
+            model: model.to_string(),
+            body,
         })
-        .await
+        .await;
+        Ok(())
     }
 
     async fn try_lease(&self, key: &str, holder: &str, ttl: Duration) -> Result<bool, StoreError> {
@@ -228,14 +312,57 @@ impl CheckpointStore for SqliteStore {
         Ok(self.leases.holder(key))
     }
 
+    /// Degraded while writes wait in memory. At most once a second this also looks for the
+    /// file (a removed one degrades the store) and, off the runtime, retries what is pending.
+    fn healthy(&self) -> bool {
+        let now = now_ms();
+        let last = self.health.last_check_ms.load(Ordering::Relaxed);
+        if now.saturating_sub(last) >= HEALTH_CHECK_INTERVAL_MS
+            && self
+                .health
+                .last_check_ms
+                .compare_exchange(last, now, Ordering::SeqCst, Ordering::Relaxed)
+                .is_ok()
+        {
+            self.check_file();
+        }
+        !self.health.degraded.load(Ordering::SeqCst)
+    }
+
     fn kind(&self) -> &'static str {
         "sqlite"
+    }
+}
+
+impl SqliteStore {
+    fn check_file(&self) {
+        let Ok(db) = self.database.try_lock() else {
+            return; // busy writing: that write reports its own outcome
+        };
+        let missing = !db.file_is_in_place();
+        drop(db);
+        if missing {
+            self.health
+                .degrade(&unavailable("the database file was removed"));
+        }
+        let needs_flush = missing || self.health.degraded.load(Ordering::SeqCst);
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if needs_flush && !self.health.flushing.swap(true, Ordering::SeqCst) {
+            let (database, health) = (self.database.clone(), self.health.clone());
+            runtime.spawn_blocking(move || {
+                flush(&database, &health);
+                health.flushing.store(false, Ordering::SeqCst);
+            });
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Instant;
 
     #[tokio::test]
     async fn meets_the_store_contract() {
@@ -248,7 +375,7 @@ mod tests {
     async fn survives_reopening() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("c.db");
-        let cp = super::super::contract::sample("a", 5, super::super::now_ms());
+        let cp = super::super::contract::sample("a", 5, now_ms());
         {
             let store = SqliteStore::open(&path, Duration::from_secs(3600)).unwrap();
             store.put(&cp).await.unwrap();
@@ -281,5 +408,85 @@ mod tests {
             .unwrap();
         let store = SqliteStore::open(&path, Duration::from_secs(60)).unwrap();
         assert!(store.for_anchor("a").await.unwrap().is_empty());
+    }
+
+    /// Makes every later write that needs a new page fail as on a full disk (`SQLITE_FULL`).
+    fn fill_the_disk(store: &SqliteStore, full: bool) {
+        let db = store.database.lock().unwrap();
+        let pages: i64 = db
+            .connection()
+            .query_row("PRAGMA page_count", [], |r| r.get(0))
+            .unwrap();
+        let limit = if full { pages } else { 1 << 30 };
+        db.connection()
+            .query_row(&format!("PRAGMA max_page_count = {limit}"), [], |_| Ok(()))
+            .unwrap();
+    }
+
+    fn large(anchor: &str, covered: usize) -> Checkpoint {
+        let mut cp = super::super::contract::sample(anchor, covered, now_ms());
+        cp.summary = "a long summary ".repeat(2_000);
+        cp
+    }
+
+    #[tokio::test]
+    async fn a_full_disk_keeps_checkpoints_in_memory_and_reports_degraded() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.db");
+        let store = SqliteStore::open(&path, Duration::ZERO).unwrap();
+        store.put(&large("a", 4)).await.unwrap();
+        assert!(store.healthy());
+        fill_the_disk(&store, true);
+        let unsaved = large("b", 6);
+        store.put(&unsaved).await.unwrap();
+        assert!(!store.healthy(), "a failed write degrades the store");
+        store.conversations.clear();
+        assert_eq!(store.for_anchor("b").await.unwrap()[0], unsaved);
+        assert_eq!(store.get(&unsaved.id).await.unwrap(), Some(unsaved.clone()));
+        // Space again: the next write takes the pending one with it.
+        fill_the_disk(&store, false);
+        store.put(&large("c", 2)).await.unwrap();
+        assert!(store.healthy());
+        drop(store);
+        let reopened = SqliteStore::open(&path, Duration::ZERO).unwrap();
+        assert_eq!(reopened.for_anchor("b").await.unwrap()[0], unsaved);
+    }
+
+    #[tokio::test]
+    async fn an_unusable_shm_file_does_not_stop_the_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.db");
+        // Not a file SQLite could map: the store must not depend on it.
+        std::fs::create_dir(dir.path().join("c.db-shm")).unwrap();
+        let store = SqliteStore::open(&path, Duration::ZERO).unwrap();
+        let cp = large("a", 3);
+        store.put(&cp).await.unwrap();
+        assert!(store.healthy());
+        store.conversations.clear();
+        assert_eq!(store.for_anchor("a").await.unwrap()[0], cp);
+    }
+
+    #[tokio::test]
+    async fn a_removed_database_file_is_noticed_and_written_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.db");
+        let store = SqliteStore::open(&path, Duration::ZERO).unwrap();
+        let cp = large("a", 3);
+        store.put(&cp).await.unwrap();
+        assert!(store.healthy());
+        std::fs::remove_file(&path).unwrap();
+        let _ = std::fs::remove_file(dir.path().join("c.db-wal"));
+        store.health.last_check_ms.store(0, Ordering::SeqCst);
+        assert!(!store.healthy(), "a removed file degrades the store");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !path.exists() || store.health.flushing.load(Ordering::SeqCst) {
+            assert!(Instant::now() < deadline, "the file was not written again");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        store.health.last_check_ms.store(0, Ordering::SeqCst);
+        assert!(store.healthy(), "healthy again once the file is back");
+        drop(store);
+        let reopened = SqliteStore::open(&path, Duration::ZERO).unwrap();
+        assert_eq!(reopened.for_anchor("a").await.unwrap()[0], cp);
     }
 }
