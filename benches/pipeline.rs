@@ -67,6 +67,25 @@ fn tokenize(c: &mut Criterion) {
             b.iter(|| warm.measure(black_box(r)).total())
         });
     }
+    // Text without word boundaries (one pre-tokenized piece for tiktoken alone): 300 KB of one
+    // letter, and base64-like text.
+    let base64: String = (0..300_000u32)
+        .map(|i| b"AbCdEfGh0123+/xyz"[(i as usize * 7) % 17] as char)
+        .collect();
+    for (name, text) in [
+        ("one_letter_300k", "a".repeat(300_000)),
+        ("base64_300k", base64),
+    ] {
+        let body = serde_json::to_vec(
+            &json!({"model":"gpt-4o","messages":[{"role":"user","content":text}]}),
+        )
+        .unwrap();
+        let request = ChatRequest::parse(&body).unwrap();
+        group.throughput(Throughput::Bytes(body.len() as u64));
+        group.bench_with_input(BenchmarkId::new("cold", name), &request, |b, r| {
+            b.iter(|| Meter::new(16).measure(black_box(r)).total())
+        });
+    }
     group.finish();
 }
 

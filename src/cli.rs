@@ -208,7 +208,10 @@ pub async fn run_serve(
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
     let app = crate::server::build(&config).await?;
-    tracing::info!(listen = %config.listen, upstream = %config.upstream, store = app.engine.store().kind(), "Compactor is listening.");
+    let listen = listener
+        .local_addr()
+        .map_or_else(|_| config.listen.clone(), |a| a.to_string());
+    tracing::info!(listen = %listen, upstream = %config.upstream, store = app.engine.store().kind(), "Compactor is listening.");
     crate::server::serve(
         listener,
         app,

@@ -11,6 +11,12 @@ use indexmap::IndexMap;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+mod view;
+pub use view::MessageView;
+
+/// The largest output budget taken from a request (`max_tokens` and the like).
+pub const MAX_OUTPUT_TOKENS: u64 = 1 << 32;
+
 /// Why a body is not a chat request we can handle; each becomes a 400.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum RequestError {
@@ -107,18 +113,6 @@ pub struct Message {
     view: OnceLock<MessageView>,
 }
 
-/// A message's content as compaction reads it.
-#[derive(Debug, Clone, Default)]
-pub struct MessageView {
-    /// Text of the content (string content, or the text parts joined by newlines).
-    pub text: String,
-    /// Number of image (or other non-text media) parts.
-    pub media_parts: usize,
-    pub name: Option<String>,
-    pub tool_calls: Vec<ToolCall>,
-    pub tool_call_id: Option<String>,
-}
-
 /// A parsed `POST /chat/completions` body.
 #[derive(Debug, Clone)]
 pub struct ChatRequest {
@@ -138,47 +132,6 @@ pub struct ChatRequest {
 struct RawRole<'a> {
     #[serde(borrow)]
     role: Option<&'a RawValue>,
-}
-
-/// The rest, read on demand.
-#[derive(Deserialize)]
-struct RawMessage<'a> {
-    /// Kept raw: read below without building a JSON tree of the content.
-    #[serde(default, borrow)]
-    content: Option<&'a RawValue>,
-    #[serde(default)]
-    name: Option<String>,
-    #[serde(default, borrow)]
-    tool_calls: Option<Vec<RawToolCall<'a>>>,
-    #[serde(default)]
-    tool_call_id: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct RawPart<'a> {
-    #[serde(default, borrow)]
-    text: Option<Cow<'a, str>>,
-}
-
-#[derive(Deserialize)]
-struct RawToolCall<'a> {
-    #[serde(default)]
-    id: Option<String>,
-    #[serde(default, borrow)]
-    function: Option<RawFunction<'a>>,
-}
-
-#[derive(Deserialize)]
-struct RawFunction<'a> {
-    #[serde(default)]
-    name: Option<String>,
-    #[serde(default, borrow)]
-    arguments: Option<&'a RawValue>,
-}
-
-/// The text of a JSON string value, or the JSON itself for anything else.
-fn string_or_json(raw: &RawValue) -> String {
-    serde_json::from_str::<String>(raw.get()).unwrap_or_else(|_| raw.get().to_string())
 }
 
 /// The body's top level: `messages` split into its elements, every other field kept raw (with
@@ -353,8 +306,10 @@ impl ChatRequest {
         Ok(ChatRequest {
             model,
             stream: bool_field("stream"),
+            // Bounded so budget arithmetic cannot wrap; no model writes more in one answer.
             max_output_tokens: number_field("max_completion_tokens")
-                .or_else(|| number_field("max_tokens")),
+                .or_else(|| number_field("max_tokens"))
+                .map(|n| n.min(MAX_OUTPUT_TOKENS)),
             client_wants_usage,
             messages,
             fields,
@@ -456,60 +411,6 @@ impl Message {
     /// Content, name and tool calls, decoded on first use.
     pub fn view(&self) -> &MessageView {
         self.view.get_or_init(|| MessageView::read(&self.raw))
-    }
-}
-
-impl MessageView {
-    /// Reads what it can; content of an unexpected shape counts as no text.
-    fn read(raw: &RawValue) -> MessageView {
-        let Ok(parsed) = serde_json::from_str::<RawMessage>(raw.get()) else {
-            return MessageView::default();
-        };
-        let mut view = MessageView {
-            name: parsed.name,
-            tool_call_id: parsed.tool_call_id,
-            ..MessageView::default()
-        };
-        match parsed
-            .content
-            .map(|c| (c, c.get().trim_start().as_bytes().first().copied()))
-        {
-            Some((content, Some(b'"'))) => {
-                view.text = serde_json::from_str::<String>(content.get()).unwrap_or_default();
-            }
-            Some((content, Some(b'['))) => {
-                let parts: Vec<RawPart> = serde_json::from_str(content.get()).unwrap_or_default();
-                for part in parts {
-                    match part.text {
-                        Some(t) => {
-                            if !view.text.is_empty() {
-                                view.text.push('\n');
-                            }
-                            view.text.push_str(&t);
-                        }
-                        None => view.media_parts += 1,
-                    }
-                }
-            }
-            _ => {}
-        }
-        view.tool_calls = parsed
-            .tool_calls
-            .unwrap_or_default()
-            .into_iter()
-            .map(|c| {
-                let (name, arguments) = match c.function {
-                    Some(f) => (f.name, f.arguments),
-                    None => (None, None),
-                };
-                ToolCall {
-                    id: c.id.unwrap_or_default(),
-                    name: name.unwrap_or_default(),
-                    arguments: arguments.map(string_or_json).unwrap_or_default(),
-                }
-            })
-            .collect();
-        view
     }
 }
 

@@ -21,9 +21,15 @@ pub enum ApiError {
     #[error("{0}")]
     NotFound(String),
     #[error("{0}")]
+    MethodNotAllowed(String),
+    #[error("{0}")]
+    UnsupportedEncoding(String),
+    #[error("{0}")]
     Unauthorized(String),
     #[error("{0}")]
     UpstreamUnreachable(String),
+    #[error("{0}")]
+    UpstreamBroken(String),
     #[error("{0}")]
     UpstreamTimeout(String),
     #[error("{0}")]
@@ -44,8 +50,12 @@ impl ApiError {
             ApiError::BadRequest { .. } | ApiError::ContextLength(_) => StatusCode::BAD_REQUEST,
             ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::UnsupportedEncoding(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
-            ApiError::UpstreamUnreachable(_) => StatusCode::BAD_GATEWAY,
+            ApiError::UpstreamUnreachable(_) | ApiError::UpstreamBroken(_) => {
+                StatusCode::BAD_GATEWAY
+            }
             ApiError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -59,8 +69,14 @@ impl ApiError {
                 ("invalid_request_error", Some("context_length_exceeded"))
             }
             ApiError::NotFound(_) => ("invalid_request_error", Some("not_found")),
+            ApiError::MethodNotAllowed(_) => ("invalid_request_error", Some("method_not_allowed")),
+            ApiError::UnsupportedEncoding(_) => (
+                "invalid_request_error",
+                Some("unsupported_content_encoding"),
+            ),
             ApiError::Unauthorized(_) => ("invalid_request_error", Some("invalid_api_key")),
             ApiError::UpstreamUnreachable(_) => ("upstream_error", Some("upstream_unreachable")),
+            ApiError::UpstreamBroken(_) => ("upstream_error", Some("upstream_no_response")),
             ApiError::UpstreamTimeout(_) => ("upstream_error", Some("upstream_timeout")),
             ApiError::Internal(_) => ("server_error", Some("internal_error")),
         }
@@ -103,6 +119,9 @@ impl From<crate::upstream::UpstreamError> for ApiError {
             crate::upstream::UpstreamError::Unreachable(m) => {
                 ApiError::UpstreamUnreachable(format!("upstream unreachable: {m}"))
             }
+            crate::upstream::UpstreamError::Broken(m) => ApiError::UpstreamBroken(format!(
+                "upstream accepted the connection but sent no valid response: {m}"
+            )),
             crate::upstream::UpstreamError::Timeout(m) => {
                 ApiError::UpstreamTimeout(format!("upstream timed out: {m}"))
             }

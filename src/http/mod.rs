@@ -18,7 +18,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, Uri};
 
 use crate::compaction::{Engine, Mode, Outcome, Prepared, RequestContext};
 use crate::identity;
-use crate::measure::overflow;
+use crate::measure::{overflow, Cancel};
 use crate::metrics::{Metrics, RequestLabels, Route};
 use crate::request::ChatRequest;
 use crate::upstream::{self, Upstream, UpstreamResponse, CREDENTIAL_HEADERS};
@@ -49,6 +49,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/metrics", get(metrics))
         .route("/compactor/v1/checkpoints/{id}", get(checkpoint))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(
             error::panic_response,
         ))
@@ -57,6 +58,10 @@ pub fn router(app: Arc<App>) -> Router {
 
 async fn not_found(uri: Uri) -> ApiError {
     ApiError::NotFound(format!("no route for {}", uri.path()))
+}
+
+async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
+    ApiError::MethodNotAllowed(format!("{method} is not allowed on {}", uri.path()))
 }
 
 async fn healthz() -> impl IntoResponse {
@@ -158,6 +163,46 @@ fn header_str(headers: &HeaderMap, name: &str) -> Option<String> {
         .map(str::to_string)
 }
 
+/// Chat bodies are read as JSON: a compressed one is refused with a clear reason rather than
+/// reported as invalid JSON.
+fn refuse_encoded_body(headers: &HeaderMap) -> Result<(), ApiError> {
+    let encoding = headers
+        .get_all(http::header::CONTENT_ENCODING)
+        .iter()
+        .map(|v| {
+            String::from_utf8_lossy(v.as_bytes())
+                .trim()
+                .to_ascii_lowercase()
+        })
+        .find(|v| !v.is_empty() && v != "identity");
+    match encoding {
+        Some(encoding) => Err(ApiError::UnsupportedEncoding(format!(
+            "request bodies with content-encoding `{encoding}` are not supported; send the JSON uncompressed"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// `x-compactor-instructions`: UTF-8 as sent, or an RFC 8187 value (`UTF-8''` followed by
+/// percent-encoded UTF-8) for clients that can only send ASCII headers.
+fn instructions(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let Some(value) = headers.get("x-compactor-instructions") else {
+        return Ok(None);
+    };
+    let bytes = value.as_bytes();
+    let decoded: Vec<u8> = match bytes.get(..7) {
+        Some(prefix) if prefix.eq_ignore_ascii_case(b"utf-8''") => {
+            percent_encoding::percent_decode(&bytes[7..]).collect()
+        }
+        _ => bytes.to_vec(),
+    };
+    String::from_utf8(decoded).map(Some).map_err(|_| ApiError::BadRequest {
+        message: "x-compactor-instructions is not valid UTF-8 (send UTF-8, or an RFC 8187 value: UTF-8'' followed by percent-encoded UTF-8)".into(),
+        param: Some("x-compactor-instructions".into()),
+        code: None,
+    })
+}
+
 async fn chat(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> Response {
     let started = Instant::now();
     let result = chat_inner(&app, &headers, body, started).await;
@@ -184,8 +229,11 @@ async fn chat_inner(
     body: Body,
     started: Instant,
 ) -> Result<Response, ApiError> {
+    refuse_encoded_body(headers)?;
+    let instructions = instructions(headers)?;
     let bytes = read_body(body, app.max_body_bytes).await?;
-    let request = ChatRequest::parse(&bytes)?;
+    let request = Arc::new(ChatRequest::parse(&bytes)?);
+    measure_on_blocking_pool(app, &request).await;
     let mode = match header_str(headers, "x-compactor-mode") {
         None => Mode::Auto,
         Some(v) => Mode::parse(&v).ok_or_else(|| ApiError::BadRequest {
@@ -198,7 +246,7 @@ async fn chat_inner(
         tenant: identity::tenant(&credential(headers)),
         credentials: credential_headers(headers),
         mode,
-        instructions: header_str(headers, "x-compactor-instructions"),
+        instructions,
         force_usage: request.stream && app.calibrate_streams && !request.client_wants_usage,
     };
     let outgoing = || {
@@ -268,6 +316,20 @@ async fn chat_inner(
         upstream_time,
         &context,
     ))
+}
+
+/// Counts the request's tokens on the blocking pool, which fills the meter's cache for the
+/// engine: a large body never holds up the async workers (health checks, other clients), and
+/// the count stops when the client leaves (this future is dropped).
+async fn measure_on_blocking_pool(app: &App, request: &Arc<ChatRequest>) {
+    let cancel = Cancel::default();
+    let _cancel_when_dropped = cancel.on_drop();
+    let (meter, request) = (app.engine.meter().clone(), request.clone());
+    let counted =
+        tokio::task::spawn_blocking(move || meter.measure_cancellable(&request, &cancel)).await;
+    if let Err(e) = counted {
+        tracing::warn!(error = %e, "Counting tokens on the blocking pool failed.");
+    }
 }
 
 async fn send_timed(

@@ -6,11 +6,18 @@
 //! by one turn costs only that turn. Other model families are corrected by a learned factor
 //! (see [`calibration`]). When the provider says the window is full, [`overflow`] reads what
 //! it said: the real window and its own count of the prompt.
+//!
+//! Counting stays linear in the text's length: tiktoken's merge step is quadratic in the length
+//! of one pre-tokenized piece, so a long stretch without a word boundary (a run of one letter,
+//! base64, CJK text without spaces) is cut into bounded pieces first. The count is then an
+//! upper bound there (a cut can only prevent merges), exact everywhere else. Requests are counted
+//! on the blocking pool ([`Meter::measure_cancellable`]), stopping when the client has gone.
 
 pub mod calibration;
 pub mod overflow;
 pub mod windows;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use quick_cache::sync::Cache;
@@ -31,6 +38,10 @@ pub const TOKENS_PER_MEDIA_PART: u64 = 765;
 pub const TOKENS_PER_TOOL_CALL: u64 = 8;
 /// Overhead of the tool definitions block.
 pub const TOKENS_FOR_TOOLS: u64 = 12;
+/// Longest stretch of text without a word boundary that is encoded as one piece. Tokens are at
+/// most a few dozen bytes long, so cutting here costs at most one token per cut, while the
+/// quadratic merge step stays cheap on every piece.
+const MAX_UNBROKEN_BYTES: usize = 512;
 
 /// Which BPE a model is counted with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -65,12 +76,23 @@ impl Encoding {
         }
     }
 
-    /// Tokens in a piece of text.
+    /// Tokens in a piece of text: exact for ordinary text, an upper bound for text with long
+    /// stretches between word boundaries.
     pub fn count(self, text: &str) -> u64 {
-        if text.is_empty() {
-            return 0;
+        self.count_until(text, &Cancel::default()).unwrap_or(0)
+    }
+
+    /// Like [`Encoding::count`], giving up (None) once `cancel` is set.
+    fn count_until(self, text: &str, cancel: &Cancel) -> Option<u64> {
+        let bpe = self.bpe();
+        let mut tokens = 0;
+        for piece in bounded_pieces(text) {
+            if cancel.is_set() {
+                return None;
+            }
+            tokens += bpe.encode_ordinary(piece).len() as u64;
         }
-        self.bpe().encode_ordinary(text).len() as u64
+        Some(tokens)
     }
 
     fn index(self) -> u8 {
@@ -78,6 +100,62 @@ impl Encoding {
             Encoding::O200k => 0,
             Encoding::Cl100k => 1,
         }
+    }
+}
+
+/// Splits `text` where a stretch without a word boundary grows past [`MAX_UNBROKEN_BYTES`], and
+/// nowhere else. A word boundary is a space or tab right after a non-space character: the
+/// tokenizers' pre-tokenizer (cl100k and o200k alike) always starts a new piece there, so text
+/// whose stretches are all short is encoded exactly as a whole.
+fn bounded_pieces(text: &str) -> impl Iterator<Item = &str> {
+    let mut rest = text;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let mut since_boundary = 0;
+        let mut previous_is_space = true;
+        let mut cut = rest.len();
+        for (i, c) in rest.char_indices() {
+            if (c == ' ' || c == '\t') && !previous_is_space {
+                since_boundary = i;
+            } else if i - since_boundary >= MAX_UNBROKEN_BYTES {
+                cut = i;
+                break;
+            }
+            previous_is_space = c.is_whitespace();
+        }
+        let (piece, tail) = rest.split_at(cut);
+        rest = tail;
+        Some(piece)
+    })
+}
+
+/// Set when the request that wants a count has gone: counting stops at the next piece.
+#[derive(Debug, Clone, Default)]
+pub struct Cancel(Arc<AtomicBool>);
+
+impl Cancel {
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    pub fn is_set(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    /// A guard that cancels when dropped, e.g. with the future of a request whose client left.
+    pub fn on_drop(&self) -> CancelOnDrop {
+        CancelOnDrop(self.clone())
+    }
+}
+
+/// Cancels its [`Cancel`] when dropped.
+pub struct CancelOnDrop(Cancel);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.cancel();
     }
 }
 
@@ -126,57 +204,74 @@ impl Meter {
     }
 
     pub fn measure(&self, request: &ChatRequest) -> Measured {
+        self.measure_cancellable(request, &Cancel::default())
+            .expect("an uncancelled count completes")
+    }
+
+    /// Measures `request`, giving up (None) once `cancel` is set. Counts finished before that
+    /// stay cached, so nothing is counted twice when the measurement is run again.
+    pub fn measure_cancellable(&self, request: &ChatRequest, cancel: &Cancel) -> Option<Measured> {
         let encoding = Encoding::for_model(&request.model);
         let messages = request
             .messages
             .iter()
-            .map(|m| self.message(encoding, m))
-            .collect();
-        let tools_tokens = request
-            .tools_raw()
-            .map(|raw| self.tools(encoding, raw))
-            .sum();
-        Measured {
+            .map(|m| self.message_until(encoding, m, cancel))
+            .collect::<Option<Vec<_>>>()?;
+        let mut tools_tokens = 0;
+        for raw in request.tools_raw() {
+            tools_tokens += self.tools(encoding, raw, cancel)?;
+        }
+        Some(Measured {
             encoding,
             messages,
             tools_tokens,
-        }
+        })
     }
 
     /// Facts about one message, from the cache when its exact bytes were seen before.
     pub fn message(&self, encoding: Encoding, message: &Message) -> MessageFacts {
+        self.message_until(encoding, message, &Cancel::default())
+            .expect("an uncancelled count completes")
+    }
+
+    fn message_until(
+        &self,
+        encoding: Encoding,
+        message: &Message,
+        cancel: &Cancel,
+    ) -> Option<MessageFacts> {
         let key = (
             encoding.index(),
             *blake3::hash(message.raw.get().as_bytes()).as_bytes(),
         );
         if let Some(found) = self.cache.get(&key) {
-            return found;
+            return Some(found);
         }
         let facts = MessageFacts {
             canonical: canonical_hash(&message.raw),
-            tokens: count_message(encoding, message),
+            tokens: count_message_until(encoding, message, cancel)?,
         };
         self.cache.insert(key, facts);
-        facts
+        Some(facts)
     }
 
     /// Tokens of a tool definitions block; agents resend the same block with every request, so
     /// it is cached like a message.
-    fn tools(&self, encoding: Encoding, raw: &str) -> u64 {
+    fn tools(&self, encoding: Encoding, raw: &str, cancel: &Cancel) -> Option<u64> {
         let key = (
             encoding.index() | 0x80,
             *blake3::hash(raw.as_bytes()).as_bytes(),
         );
         if let Some(found) = self.cache.get(&key) {
-            return found.tokens;
+            return Some(found.tokens);
         }
-        let tokens = encoding.count(raw) + TOKENS_FOR_TOOLS;
+        let tokens = encoding.count_until(raw, cancel)? + TOKENS_FOR_TOOLS;
         let facts = MessageFacts {
             canonical: key.1,
             tokens,
         };
         self.cache.insert(key, facts);
-        tokens
+        Some(tokens)
     }
 
     /// Number of entries currently cached (messages and tool blocks; for tests and metrics).
@@ -187,20 +282,23 @@ impl Meter {
 
 /// Tokens of one message, without the cache.
 pub fn count_message(encoding: Encoding, message: &Message) -> u64 {
+    count_message_until(encoding, message, &Cancel::default()).unwrap_or(0)
+}
+
+fn count_message_until(encoding: Encoding, message: &Message, cancel: &Cancel) -> Option<u64> {
     let view = message.view();
-    let mut tokens =
-        TOKENS_PER_MESSAGE + encoding.count(message.role.as_str()) + encoding.count(&view.text);
+    let count = |text: &str| encoding.count_until(text, cancel);
+    let mut tokens = TOKENS_PER_MESSAGE + count(message.role.as_str())? + count(&view.text)?;
     if let Some(name) = &view.name {
-        tokens += TOKENS_PER_NAME + encoding.count(name);
+        tokens += TOKENS_PER_NAME + count(name)?;
     }
     for call in &view.tool_calls {
-        tokens +=
-            TOKENS_PER_TOOL_CALL + encoding.count(&call.name) + encoding.count(&call.arguments);
+        tokens += TOKENS_PER_TOOL_CALL + count(&call.name)? + count(&call.arguments)?;
     }
     if let Some(id) = &view.tool_call_id {
-        tokens += encoding.count(id);
+        tokens += count(id)?;
     }
-    tokens + view.media_parts as u64 * TOKENS_PER_MEDIA_PART
+    Some(tokens + view.media_parts as u64 * TOKENS_PER_MEDIA_PART)
 }
 
 #[cfg(test)]
@@ -265,5 +363,91 @@ mod tests {
         let a = meter.measure(&plain).total();
         let b = meter.measure(&with_tools).total();
         assert!(b > a + TOKENS_PER_MEDIA_PART + TOKENS_FOR_TOOLS, "{a} {b}");
+    }
+
+    #[test]
+    fn text_with_word_boundaries_is_counted_exactly() {
+        let words = [
+            "parser",
+            "naïve",
+            "x=1;",
+            "\n",
+            "résumé",
+            "\t",
+            "  ",
+            "日本語",
+            "http://a/b?c",
+        ];
+        let text: String = (0..5_000)
+            .map(|i| words[(i * 7) % words.len()])
+            .collect::<Vec<_>>()
+            .join(" ");
+        for encoding in [Encoding::O200k, Encoding::Cl100k] {
+            let exact = encoding.bpe().encode_ordinary(&text).len() as u64;
+            assert_eq!(encoding.count(&text), exact, "{encoding:?}");
+        }
+    }
+
+    #[test]
+    fn long_stretches_are_cut_into_bounded_pieces_and_never_undercounted() {
+        for text in [
+            "a".repeat(300_000),
+            "é".repeat(100_000),
+            "ab+".repeat(50_000),
+            " ".repeat(10_000),
+        ] {
+            let pieces: Vec<&str> = bounded_pieces(&text).collect();
+            assert_eq!(pieces.concat(), text);
+            assert!(pieces.iter().all(|p| p.len() <= MAX_UNBROKEN_BYTES + 4));
+        }
+        // Where the exact count is affordable, the bounded one is at least as large and close.
+        let text = format!("start {} end", "a".repeat(4_000));
+        let exact = Encoding::O200k.bpe().encode_ordinary(&text).len() as u64;
+        let bounded = Encoding::O200k.count(&text);
+        assert!(
+            bounded >= exact && bounded <= exact + 10,
+            "{bounded} vs {exact}"
+        );
+    }
+
+    #[test]
+    fn a_cancelled_measurement_stops_and_caches_nothing() {
+        let meter = Meter::new(100);
+        let request = ChatRequest::parse(
+            br#"{"model":"gpt-4o","messages":[{"role":"user","content":"hello world"}]}"#,
+        )
+        .unwrap();
+        let cancel = Cancel::default();
+        drop(cancel.on_drop());
+        assert!(cancel.is_set());
+        assert!(meter.measure_cancellable(&request, &cancel).is_none());
+        assert_eq!(meter.cached(), 0);
+        assert!(meter
+            .measure_cancellable(&request, &Cancel::default())
+            .is_some());
+        assert_eq!(meter.cached(), 1);
+    }
+
+    #[test]
+    fn a_message_of_unexpected_shape_is_counted_with_all_its_text() {
+        let text = "the quick brown fox jumps over the lazy dog ".repeat(20);
+        let plain = format!(r#"{{"role":"user","content":"{text}"}}"#);
+        let odd = [
+            format!(r#"{{"role":"user","name":5,"content":"{text}"}}"#),
+            format!(r#"{{"role":"tool","tool_call_id":5,"content":"{text}"}}"#),
+            format!(r#"{{"role":"user","content":"x","content":"{text}"}}"#),
+            format!(
+                r#"{{"role":"user","content":[{{"type":"text","text":1}},{{"type":"text","text":"{text}"}}]}}"#
+            ),
+        ];
+        let count = |json: &str| {
+            let raw = serde_json::value::RawValue::from_string(json.to_string()).unwrap();
+            count_message(Encoding::O200k, &Message::parse(raw).unwrap())
+        };
+        let baseline = count(&plain);
+        assert!(baseline > 100);
+        for message in odd {
+            assert!(count(&message) >= baseline, "{message}");
+        }
     }
 }

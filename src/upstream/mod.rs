@@ -21,6 +21,9 @@ pub type ByteStream = Pin<Box<dyn Stream<Item = Result<Bytes, std::io::Error>> +
 pub enum UpstreamError {
     #[error("upstream unreachable: {0}")]
     Unreachable(String),
+    /// Connected, but the exchange failed (closed early, not HTTP).
+    #[error("upstream sent no valid response: {0}")]
+    Broken(String),
     #[error("upstream timed out: {0}")]
     Timeout(String),
 }
@@ -37,10 +40,10 @@ impl UpstreamResponse {
     pub async fn read_body(&mut self, limit: usize) -> Result<Bytes, UpstreamError> {
         let mut collected = Vec::new();
         while let Some(chunk) = self.body.next().await {
-            let chunk = chunk.map_err(|e| UpstreamError::Unreachable(e.to_string()))?;
+            let chunk = chunk.map_err(|e| UpstreamError::Broken(e.to_string()))?;
             collected.extend_from_slice(&chunk);
             if collected.len() > limit {
-                return Err(UpstreamError::Unreachable(format!(
+                return Err(UpstreamError::Broken(format!(
                     "response larger than {limit} bytes"
                 )));
             }
@@ -180,7 +183,12 @@ impl Upstream {
         let url = self.url_for(path_and_query);
         strip_hop_by_hop(&mut headers);
         headers.remove(http::header::HOST);
-        headers.remove(http::header::CONTENT_LENGTH);
+        // A buffered body gets its length from the client library; a streamed one is the
+        // client's own upload, sent with the length the client declared (not chunked: some
+        // servers do not accept chunked uploads).
+        if body.as_bytes().is_some() {
+            headers.remove(http::header::CONTENT_LENGTH);
+        }
         if let Some(key) = &self.key {
             for name in CREDENTIAL_HEADERS {
                 headers.remove(*name);
@@ -205,7 +213,8 @@ impl Upstream {
                 )))
             }
             Ok(Err(e)) if e.is_timeout() => return Err(UpstreamError::Timeout(describe(&e))),
-            Ok(Err(e)) => return Err(UpstreamError::Unreachable(describe(&e))),
+            Ok(Err(e)) if e.is_connect() => return Err(UpstreamError::Unreachable(describe(&e))),
+            Ok(Err(e)) => return Err(UpstreamError::Broken(describe(&e))),
             Ok(Ok(r)) => r,
         };
         let status = response.status();

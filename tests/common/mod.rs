@@ -91,7 +91,6 @@ impl Mock {
 
 /// The mock's own token count of a chat body: the text it carries.
 pub fn mock_tokens(body: &Value) -> u64 {
-    let bpe = tiktoken_rs::o200k_base_singleton();
     let mut text = String::new();
     for m in body["messages"].as_array().into_iter().flatten() {
         match &m["content"] {
@@ -108,7 +107,8 @@ pub fn mock_tokens(body: &Value) -> u64 {
         }
         text.push('\n');
     }
-    bpe.encode_ordinary(&text).len() as u64
+    // The proxy's encoder: exact on ordinary text, and linear on text without word boundaries.
+    compactor::measure::Encoding::O200k.count(&text)
 }
 
 pub async fn start_mock() -> Mock {
@@ -119,6 +119,10 @@ pub async fn start_mock() -> Mock {
         .with_state(state.clone());
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
+    // Like a real provider, the mock does not hold back small writes (no Nagle delay).
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     tokio::spawn(async move {
         axum::serve(listener, app).await.unwrap();
     });

@@ -1,0 +1,305 @@
+//! What ordinary clients do must not cost them: kept-alive connections, odd but valid bodies,
+//! methods a route does not take, compressed bodies, non-ASCII instructions, streamed uploads,
+//! and providers that hang up.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use common::{client, config, start_mock, start_proxy};
+
+/// Asserts the OpenAI error shape and returns `error.code`.
+fn error_code(status: u16, body: &str) -> String {
+    let value: Value = serde_json::from_str(body)
+        .unwrap_or_else(|e| panic!("status {status}: body is not JSON ({e}): {body:?}"));
+    let error = &value["error"];
+    assert!(error["message"].as_str().is_some_and(|m| !m.is_empty()));
+    assert!(error["type"].is_string(), "{body}");
+    error["code"].as_str().unwrap_or_default().to_string()
+}
+
+#[tokio::test]
+async fn kept_alive_requests_are_not_held_back_by_delayed_acks() {
+    let mock = start_mock().await;
+    let proxy = start_proxy(config(&mock.url())).await;
+    // One connection, reused. A streamed answer goes out as several small writes; without
+    // TCP_NODELAY the second waits for the client's delayed ACK of the first: at least 40 ms
+    // (Linux's shortest delayed-ACK timeout) on every request, whatever the machine's load.
+    let http = client();
+    let url = format!("{}/v1/chat/completions", proxy.url());
+    let body = serde_json::to_vec(&json!({"model": "gpt-4o", "stream": true, "messages": [{"role": "user", "content": "hi"}]})).unwrap();
+    let mut times = Vec::new();
+    for _ in 0..21 {
+        let started = Instant::now();
+        let response = http
+            .post(&url)
+            .header("content-type", "application/json")
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        response.bytes().await.unwrap();
+        times.push(started.elapsed());
+    }
+    times.sort();
+    let median = times[times.len() / 2];
+    assert!(
+        median < Duration::from_millis(38),
+        "median {median:?}: requests waited for delayed ACKs"
+    );
+}
+
+/// 300 KB of one letter: one pre-tokenized piece, which tiktoken alone counts in quadratic time.
+fn one_letter_body(model: &str) -> Value {
+    json!({"model": model, "messages": [{"role": "user", "content": "a".repeat(300_000)}]})
+}
+
+#[tokio::test]
+async fn a_body_without_word_boundaries_is_counted_quickly_and_off_the_runtime() {
+    let mock = start_mock().await;
+    let mut cfg = config(&mock.url());
+    cfg.compaction.enabled = false;
+    let proxy = start_proxy(cfg).await;
+    let url = format!("{}/v1/chat/completions", proxy.url());
+    let mut slow = Vec::new();
+    for model in ["gpt-4o", "gpt-4"] {
+        let url = url.clone();
+        slow.push(tokio::spawn(async move {
+            client()
+                .post(&url)
+                .header("content-type", "application/json")
+                .body(serde_json::to_vec(&one_letter_body(model)).unwrap())
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let health = tokio::time::timeout(
+        Duration::from_secs(5),
+        client().get(format!("{}/healthz", proxy.url())).send(),
+    )
+    .await
+    .expect("/healthz answers while large bodies are counted")
+    .unwrap();
+    assert_eq!(health.status(), 200);
+    for request in slow {
+        let status = tokio::time::timeout(Duration::from_secs(30), request)
+            .await
+            .expect("the large requests are served")
+            .unwrap()
+            .unwrap();
+        assert_eq!(status, 200);
+    }
+}
+
+#[tokio::test]
+async fn a_method_a_route_does_not_take_gets_405_in_the_openai_shape() {
+    let mock = start_mock().await;
+    let proxy = start_proxy(config(&mock.url())).await;
+    for path in ["/healthz", "/metrics", "/compactor/v1/checkpoints/x"] {
+        let response = client()
+            .delete(format!("{}{path}", proxy.url()))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 405, "{path}");
+        let body = response.text().await.unwrap();
+        assert_eq!(error_code(405, &body), "method_not_allowed", "{path}");
+    }
+}
+
+#[tokio::test]
+async fn a_compressed_chat_body_gets_415_naming_the_encoding() {
+    let mock = start_mock().await;
+    let proxy = start_proxy(config(&mock.url())).await;
+    let response = client()
+        .post(format!("{}/v1/chat/completions", proxy.url()))
+        .header("content-type", "application/json")
+        .header("content-encoding", "gzip")
+        .body(vec![0x1f, 0x8b, 0x08, 0x00, 0, 0, 0, 0])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 415);
+    let body = response.text().await.unwrap();
+    assert_eq!(error_code(415, &body), "unsupported_content_encoding");
+    assert!(body.contains("gzip"), "{body}");
+    assert!(mock.chats().is_empty());
+}
+
+/// A conversation long enough to be summarized when compaction is forced.
+fn history() -> Value {
+    let mut messages = vec![json!({"role": "system", "content": "You are a coding agent."})];
+    for turn in 0..8 {
+        messages.push(json!({"role": "user", "content": format!("step {turn}: change the parser {}", "and the lexer ".repeat(40))}));
+        messages.push(json!({"role": "assistant", "content": format!("done with step {turn}")}));
+    }
+    messages.push(json!({"role": "user", "content": "next"}));
+    json!({"model": "gpt-4o", "messages": messages})
+}
+
+#[tokio::test]
+async fn non_ascii_instructions_reach_the_summary_raw_or_rfc8187_encoded() {
+    let mock = start_mock().await;
+    let proxy = start_proxy(config(&mock.url())).await;
+    let url = format!("{}/v1/chat/completions", proxy.url());
+    let wanted = "Résumé: keep the naïve parser";
+    let values = [
+        http::HeaderValue::from_bytes(wanted.as_bytes()).unwrap(),
+        http::HeaderValue::from_static(
+            "UTF-8''R%C3%A9sum%C3%A9%3A%20keep%20the%20na%C3%AFve%20parser",
+        ),
+    ];
+    for (i, value) in values.into_iter().enumerate() {
+        let mut body = history();
+        body["messages"][1]["content"] = json!(format!("conversation {i}"));
+        let response = client()
+            .post(&url)
+            .header("x-compactor-mode", "force")
+            .header("x-compactor-instructions", value)
+            .header("content-type", "application/json")
+            .body(serde_json::to_vec(&body).unwrap())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        let summary = mock.summaries()[i].json();
+        assert!(
+            summary["messages"][1]["content"]
+                .as_str()
+                .unwrap()
+                .contains(wanted),
+            "instructions {i} missing from the summary request"
+        );
+    }
+    let response = client()
+        .post(&url)
+        .header(
+            "x-compactor-instructions",
+            http::HeaderValue::from_bytes(b"caf\xe9").unwrap(),
+        )
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(&history()).unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 400, "not UTF-8: said so, not ignored");
+    assert!(response.text().await.unwrap().contains("RFC 8187"));
+}
+
+#[tokio::test]
+async fn a_passed_through_upload_keeps_its_content_length() {
+    let mock = start_mock().await;
+    let proxy = start_proxy(config(&mock.url())).await;
+    let upload = vec![b'x'; 200_000];
+    let response = client()
+        .post(format!("{}/v1/files", proxy.url()))
+        .header("content-type", "application/octet-stream")
+        .body(upload.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let received = mock.state.others.lock().unwrap()[0].clone();
+    assert_eq!(received.body.len(), upload.len());
+    assert_eq!(
+        received.headers.get("content-length").map(|v| v.as_bytes()),
+        Some(b"200000".as_slice())
+    );
+    assert!(received.headers.get("transfer-encoding").is_none());
+}
+
+#[tokio::test]
+async fn an_upstream_that_accepts_and_closes_is_not_called_unreachable() {
+    // Accepts, reads the request, closes without answering.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let mut buf = [0u8; 4096];
+            let _ = socket.read(&mut buf).await;
+            let _ = socket.shutdown().await;
+        }
+    });
+    let proxy = start_proxy(config(&format!("http://{addr}/v1"))).await;
+    let response = client()
+        .post(format!("{}/v1/chat/completions", proxy.url()))
+        .header("content-type", "application/json")
+        .body(
+            serde_json::to_vec(
+                &json!({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}),
+            )
+            .unwrap(),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 502);
+    let body = response.text().await.unwrap();
+    assert_eq!(error_code(502, &body), "upstream_no_response");
+    assert!(!body.contains("unreachable"), "{body}");
+}
+
+#[test]
+fn the_startup_log_names_the_bound_port() {
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_compactor"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--store", "memory"])
+        .args(["--log-format", "json"])
+        .args(["--upstream", "http://127.0.0.1:9/v1"])
+        .env("COMPACTOR_LOG", "info")
+        .env_remove("COMPACTOR_CONFIG")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let mut seen = String::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut buf = [0u8; 1024];
+    while !seen.contains("listening") && Instant::now() < deadline {
+        use std::io::Read;
+        match stderr.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => seen.push_str(&String::from_utf8_lossy(&buf[..n])),
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let line = seen
+        .lines()
+        .find(|l| l.contains("listening"))
+        .unwrap_or_else(|| panic!("no startup line in {seen:?}"));
+    let logged: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+    let port = logged["listen"]
+        .as_str()
+        .and_then(|a| a.rsplit(':').next())
+        .and_then(|p| p.parse::<u16>().ok())
+        .unwrap_or_else(|| panic!("no listen address in {line:?}"));
+    assert_ne!(port, 0, "{line}");
+}
+
+#[tokio::test]
+async fn the_largest_max_tokens_does_not_wrap_the_budget() {
+    let mock = start_mock().await;
+    let proxy = start_proxy(config(&mock.url())).await;
+    for field in ["max_tokens", "max_completion_tokens"] {
+        let mut body = history();
+        body[field] = json!(u64::MAX);
+        let response = client()
+            .post(format!("{}/v1/chat/completions", proxy.url()))
+            .header("content-type", "application/json")
+            .body(serde_json::to_vec(&body).unwrap())
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        let text = response.text().await.unwrap();
+        // No window holds that many output tokens: refused as too long, never a 500 or a wrap.
+        assert_eq!(status, 400, "{field}: {text}");
+        assert_eq!(error_code(status, &text), "context_length_exceeded");
+    }
+}
