@@ -475,7 +475,6 @@ mod tests {
         store.put(&cp).await.unwrap();
         assert!(store.healthy());
         std::fs::remove_file(&path).unwrap();
-        let _ = std::fs::remove_file(dir.path().join("c.db-wal"));
         store.health.last_check_ms.store(0, Ordering::SeqCst);
         assert!(!store.healthy(), "a removed file degrades the store");
         let deadline = Instant::now() + Duration::from_secs(10);

@@ -1,9 +1,11 @@
 //! The database file behind [`super::sqlite::SqliteStore`]: opening it, writing batches to it,
 //! and noticing when the file has been removed underneath the process.
 //!
-//! The file belongs to one process, so it is opened in exclusive locking mode: SQLite then keeps
-//! the write-ahead log's index in heap memory instead of a memory-mapped `-shm` file, whose
-//! failure to grow (a full disk, an unwritable file) would otherwise kill the process with SIGBUS.
+//! The database uses a rollback journal, not a write-ahead log: the log's index is a
+//! memory-mapped `-shm` file, and when that file cannot grow (a full disk, an unwritable file)
+//! the process dies of SIGBUS. Checkpoints are written rarely and read from memory, so the
+//! journal costs nothing that matters, and a restarting process may open the file while the old
+//! one still drains.
 
 use std::path::{Path, PathBuf};
 
@@ -78,8 +80,7 @@ impl Database {
             Connection::open(path).map_err(|e| unavailable(format!("{}: {e}", path.display())))?;
         connection
             .execute_batch(
-                "PRAGMA locking_mode = EXCLUSIVE;
-                 PRAGMA journal_mode = WAL;
+                "PRAGMA journal_mode = TRUNCATE;
                  PRAGMA synchronous = NORMAL;
                  CREATE TABLE IF NOT EXISTS checkpoints (
                      id TEXT PRIMARY KEY,
