@@ -1,11 +1,13 @@
-//! The team gateway: two Compactor instances sharing checkpoints through a real Redis, single
-//! flight across them, service through a Redis outage, and Prometheus metrics.
+//! The team gateway: two Compactor instances sharing checkpoints through a real Redis (a single
+//! server, and a three-master Redis Cluster), single flight across them, service through an
+//! outage of Redis (or of one cluster master), and Prometheus metrics.
 
 mod common;
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use common::redis_cluster::RedisCluster;
 use common::redis_server::RedisServer;
 use common::{client, config, start_mock, start_proxy, Mock, Proxy};
 use serde_json::{json, Value};
@@ -20,7 +22,60 @@ fn conversation(topic: &str, turns: usize) -> Value {
     json!({"model":"agent-model","max_tokens":200,"messages":messages})
 }
 
-async fn gateway(mock: &Mock, redis: &RedisServer) -> (Proxy, Proxy) {
+/// The store the replicas share: one Redis server, or a Redis Cluster.
+enum SharedRedis {
+    Single(RedisServer),
+    Cluster(RedisCluster),
+}
+
+impl SharedRedis {
+    fn url(&self) -> String {
+        match self {
+            SharedRedis::Single(server) => server.url(),
+            SharedRedis::Cluster(cluster) => cluster.url(),
+        }
+    }
+
+    /// Takes the server away, or one master of the cluster (which then reports itself down).
+    fn stop(&mut self) {
+        match self {
+            SharedRedis::Single(server) => server.stop(),
+            SharedRedis::Cluster(cluster) => {
+                cluster.stop(1);
+                cluster.wait_until_down();
+            }
+        }
+    }
+
+    /// Brings it back, empty (a cluster master keeps its slots).
+    fn restart(&mut self) {
+        match self {
+            SharedRedis::Single(server) => server.restart(),
+            SharedRedis::Cluster(cluster) => cluster.restart(1),
+        }
+    }
+}
+
+/// Runs a gateway test once against a single Redis server and once against a Redis Cluster.
+macro_rules! on_single_and_cluster {
+    ($test:ident) => {
+        mod $test {
+            #[tokio::test]
+            async fn single_server() {
+                let redis = super::SharedRedis::Single(super::RedisServer::start());
+                super::$test(redis).await;
+            }
+
+            #[tokio::test]
+            async fn cluster() {
+                let redis = super::SharedRedis::Cluster(super::RedisCluster::start());
+                super::$test(redis).await;
+            }
+        }
+    };
+}
+
+async fn gateway(mock: &Mock, redis: &SharedRedis) -> (Proxy, Proxy) {
     let mut cfg = config(&mock.url());
     cfg.store = redis.url();
     cfg.windows.insert("agent-model".into(), 4000);
@@ -63,9 +118,8 @@ fn with_turn(body: &Value, text: &str) -> Value {
     next
 }
 
-#[tokio::test]
-async fn a_checkpoint_made_by_one_replica_is_applied_by_the_other() {
-    let redis = RedisServer::start();
+on_single_and_cluster!(a_checkpoint_made_by_one_replica_is_applied_by_the_other);
+async fn a_checkpoint_made_by_one_replica_is_applied_by_the_other(redis: SharedRedis) {
     let mock = start_mock().await;
     let (a, b) = gateway(&mock, &redis).await;
     let body = conversation("shared", 14);
@@ -94,9 +148,8 @@ async fn a_checkpoint_made_by_one_replica_is_applied_by_the_other() {
     assert_eq!(resp.status(), 200);
 }
 
-#[tokio::test]
-async fn twenty_concurrent_requests_across_replicas_make_one_summary() {
-    let redis = RedisServer::start();
+on_single_and_cluster!(twenty_concurrent_requests_across_replicas_make_one_summary);
+async fn twenty_concurrent_requests_across_replicas_make_one_summary(redis: SharedRedis) {
     let mock = start_mock().await;
     mock.state.summary_delay_ms.store(500, Ordering::SeqCst);
     let (a, b) = gateway(&mock, &redis).await;
@@ -132,9 +185,8 @@ async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
     }
 }
 
-#[tokio::test]
-async fn requests_survive_a_redis_outage_and_sharing_resumes() {
-    let mut redis = RedisServer::start();
+on_single_and_cluster!(requests_survive_a_redis_outage_and_sharing_resumes);
+async fn requests_survive_a_redis_outage_and_sharing_resumes(mut redis: SharedRedis) {
     let mock = start_mock().await;
     let (a, b) = gateway(&mock, &redis).await;
     assert_eq!(
@@ -190,7 +242,7 @@ async fn requests_survive_a_redis_outage_and_sharing_resumes() {
 
 #[tokio::test]
 async fn metrics_are_prometheus_text_and_move() {
-    let redis = RedisServer::start();
+    let redis = SharedRedis::Single(RedisServer::start());
     let mock = start_mock().await;
     let (a, _b) = gateway(&mock, &redis).await;
     let scrape = async || -> Vec<prometheus_parse::Sample> {
@@ -274,9 +326,8 @@ async fn metrics_are_prometheus_text_and_move() {
         .all(|s| !s.labels.values().any(|v| v.contains("team-key"))));
 }
 
-#[tokio::test]
-async fn a_summary_prepared_ahead_of_time_on_one_replica_serves_the_other() {
-    let redis = RedisServer::start();
+on_single_and_cluster!(a_summary_prepared_ahead_of_time_on_one_replica_serves_the_other);
+async fn a_summary_prepared_ahead_of_time_on_one_replica_serves_the_other(redis: SharedRedis) {
     let mock = start_mock().await;
     mock.state.summary_delay_ms.store(1000, Ordering::SeqCst);
     let mut cfg = config(&mock.url());

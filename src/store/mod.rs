@@ -101,13 +101,13 @@ pub trait CheckpointStore: Send + Sync + 'static {
     fn kind(&self) -> &'static str;
 }
 
-/// Opens the store a config string names: `memory`, `redis://…`, or a file path
-/// (optionally prefixed `sqlite:`).
+/// Opens the store a config string names: `memory`, `redis://…` (or `redis+cluster://…`), or a
+/// file path (optionally prefixed `sqlite:`).
 pub async fn open(spec: &str, ttl: Duration) -> Result<Arc<dyn CheckpointStore>, StoreError> {
     if spec == "memory" {
         return Ok(Arc::new(memory::MemoryStore::default()));
     }
-    if spec.starts_with("redis://") || spec.starts_with("rediss://") {
+    if redis::is_redis_url(spec) {
         return Ok(Arc::new(redis::RedisStore::open(spec, ttl).await?));
     }
     let path = spec.strip_prefix("sqlite:").unwrap_or(spec);

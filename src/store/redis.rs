@@ -1,123 +1,43 @@
 //! Redis store for team gateways: every replica behind the load balancer reads and writes the
 //! same checkpoints, model facts and leases.
 //!
-//! Layout (all keys start with `compactor:`):
-//! - `compactor:cp:{id}`: one checkpoint as JSON, expiring after the configured TTL;
-//! - `compactor:conv:{anchor}`: sorted set of a conversation's checkpoints, score `covered`,
-//!   member `{created_ms:020}:{id}`, so that reverse order is `covered` desc then `created` desc;
-//!   trimmed to [`CHECKPOINTS_PER_CONVERSATION`] (trimmed checkpoints are deleted) and expiring
-//!   with its newest checkpoint;
-//! - `compactor:model:{model}`: learned [`ModelFacts`] as JSON, no expiry;
-//! - `compactor:lease:{key}`: the holder of a lease, with `PX` expiry.
-//!
-//! Multi-key updates run as Lua scripts, so each call is atomic and costs one round trip. (The
-//! scripts reach keys they compute, so this is for a single Redis or a primary with replicas, not
-//! Redis Cluster.)
+//! Works against a single server (`redis://…`) or a Redis Cluster (`redis+cluster://…`), Redis
+//! or Valkey alike: [`connection`] opens either, [`layout`] says where everything is kept (one
+//! hash tag per conversation, every script's keys declared) and moves checkpoints written by the
+//! previous layout.
 //!
 //! Redis being down never makes a request fail or wait: see [`degraded`] for how calls are
 //! bounded, served locally while Redis is away, and copied over when it returns.
 
+mod connection;
 mod degraded;
+mod layout;
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 
 use quick_cache::sync::Cache;
-use redis::aio::ConnectionManager;
-use redis::{AsyncCommands, Client, RedisError, Script};
+use redis::{AsyncCommands, RedisError};
 
 use super::memory::MemoryStore;
-use super::{
-    is_fresh, without_expired, Checkpoint, CheckpointStore, ModelFacts, StoreError,
-    CHECKPOINTS_PER_CONVERSATION,
-};
-use degraded::{probe, ListWeight, Pending, LOCAL_BYTES};
+use super::{is_fresh, without_expired, Checkpoint, CheckpointStore, ModelFacts, StoreError};
+use connection::{Connection, Target, Timeouts};
+use degraded::{probe, ListWeight, Pending, CONNECT_TIMEOUT, LOCAL_BYTES};
+use layout::{lease_key, model_key, ttl_ms, Scripts};
+
+pub use connection::is_redis_url;
 
 pub use degraded::CALL_TIMEOUT;
-
-const PREFIX: &str = "compactor:";
-
-fn conv_key(anchor: &str) -> String {
-    format!("{PREFIX}conv:{anchor}")
-}
-fn cp_prefix() -> String {
-    format!("{PREFIX}cp:")
-}
-fn cp_key(id: &str) -> String {
-    format!("{PREFIX}cp:{id}")
-}
-fn model_key(model: &str) -> String {
-    format!("{PREFIX}model:{model}")
-}
-fn lease_key(key: &str) -> String {
-    format!("{PREFIX}lease:{key}")
-}
-/// Sorted-set member: zero-padded creation time (so ties on `covered` order by time), then id.
-fn member(checkpoint: &Checkpoint) -> String {
-    format!("{:020}:{}", checkpoint.created_ms, checkpoint.id)
-}
-
-/// KEYS: conversation set, checkpoint key. ARGV: body, covered, member, id, ttl ms (0: none),
-/// how many to keep, checkpoint key prefix. Members are `{20 digits}:{id}`, so the id starts at 22.
-const PUT_SCRIPT: &str = r#"
-local conv, ttl, keep = KEYS[1], tonumber(ARGV[5]), tonumber(ARGV[6])
-for _, m in ipairs(redis.call('ZRANGE', conv, 0, -1)) do
-  if m ~= ARGV[3] and string.sub(m, 22) == ARGV[4] then redis.call('ZREM', conv, m) end
-end
-if ttl > 0 then
-  redis.call('SET', KEYS[2], ARGV[1], 'PX', ttl)
-else
-  redis.call('SET', KEYS[2], ARGV[1])
-end
-redis.call('ZADD', conv, ARGV[2], ARGV[3])
-local n = redis.call('ZCARD', conv)
-if n > keep then
-  for _, m in ipairs(redis.call('ZRANGE', conv, 0, n - keep - 1)) do
-    redis.call('DEL', ARGV[7] .. string.sub(m, 22))
-  end
-  redis.call('ZREMRANGEBYRANK', conv, 0, n - keep - 1)
-end
-if ttl > 0 then redis.call('PEXPIRE', conv, ttl) end
-return 1
-"#;
-
-/// KEYS: conversation set. ARGV: how many, checkpoint key prefix. Returns bodies newest first.
-const LIST_SCRIPT: &str = r#"
-local out = {}
-for _, m in ipairs(redis.call('ZREVRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)) do
-  local body = redis.call('GET', ARGV[2] .. string.sub(m, 22))
-  if body then out[#out + 1] = body end
-end
-return out
-"#;
-
-/// KEYS: lease. ARGV: holder, ttl ms. Same holder renews; anyone else waits for expiry.
-const LEASE_SCRIPT: &str = r#"
-local current = redis.call('GET', KEYS[1])
-if current == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
-end
-if current then return 0 end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return 1
-"#;
-
-/// KEYS: lease. ARGV: holder. Deletes only if `holder` still has it.
-const RELEASE_SCRIPT: &str = r#"
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"#;
 
 pub struct RedisStore {
     shared: Arc<Shared>,
 }
 
 struct Shared {
-    client: Client,
+    target: Target,
     /// `None` until the first connection succeeds.
-    manager: RwLock<Option<ConnectionManager>>,
+    manager: RwLock<Option<Connection>>,
     healthy: AtomicBool,
     ttl: Duration,
     scripts: Scripts,
@@ -129,17 +49,8 @@ struct Shared {
     local: MemoryStore,
     /// Writes Redis has not seen, copied over on recovery.
     pending: Mutex<Pending>,
-}
-
-struct Scripts {
-    put: Script,
-    list: Script,
-    lease: Script,
-    release: Script,
-}
-
-fn ttl_ms(ttl: Duration) -> u64 {
-    ttl.as_millis().min(u64::MAX as u128) as u64
+    /// Whether checkpoints of the previous layout may still be waiting to be moved.
+    legacy: AtomicBool,
 }
 
 fn corrupt(e: impl std::fmt::Display) -> StoreError {
@@ -147,36 +58,30 @@ fn corrupt(e: impl std::fmt::Display) -> StoreError {
 }
 
 impl RedisStore {
-    /// Connects to `url` (`redis://[user][:password@]host[:port][/db]`). An unparsable URL is an
-    /// error; an unreachable server is not: the store starts degraded and connects in the
+    /// Connects to `url`: `redis://[user][:password@]host[:port][/db]` for one server, or
+    /// `redis+cluster://[user][:password@]host:port,host:port,…` for a cluster. An unparsable URL
+    /// is an error; an unreachable server is not: the store starts degraded and connects in the
     /// background. Checkpoints expire after `ttl` (zero: never).
     pub async fn open(url: &str, ttl: Duration) -> Result<RedisStore, StoreError> {
-        let client = Client::open(url).map_err(|e| {
-            if url.starts_with("rediss://") {
-                StoreError::Unavailable(
-                    "rediss:// (TLS) is not supported by this build; use redis://".into(),
-                )
-            } else {
-                // The error's category only: a parse error must not echo the URL (and its password).
-                StoreError::Unavailable(format!("invalid redis URL ({:?})", e.kind()))
-            }
-        })?;
-        let address = client.get_connection_info().addr.to_string();
+        let timeouts = Timeouts {
+            connect: CONNECT_TIMEOUT,
+            response: CALL_TIMEOUT,
+        };
+        let target = Target::parse(url, timeouts)?;
+        let address = target.address();
+        // The previous layout only ever worked on a single server.
+        let legacy = !target.is_cluster();
         let shared = Arc::new(Shared {
-            client,
+            target,
             manager: RwLock::new(None),
             healthy: AtomicBool::new(false),
             ttl,
-            scripts: Scripts {
-                put: Script::new(PUT_SCRIPT),
-                list: Script::new(LIST_SCRIPT),
-                lease: Script::new(LEASE_SCRIPT),
-                release: Script::new(RELEASE_SCRIPT),
-            },
+            scripts: Scripts::default(),
             conversations: Cache::with_weighter(16_384, LOCAL_BYTES, ListWeight),
             local_writes: Mutex::new(()),
             local: MemoryStore::default(),
             pending: Mutex::new(Pending::default()),
+            legacy: AtomicBool::new(legacy),
         });
         match shared.connect().await {
             Ok(()) => {
@@ -192,6 +97,9 @@ impl RedisStore {
             ),
         }
         tokio::spawn(probe(Arc::downgrade(&shared)));
+        if legacy {
+            tokio::spawn(move_legacy(Arc::downgrade(&shared)));
+        }
         Ok(RedisStore { shared })
     }
 }
@@ -199,33 +107,14 @@ impl RedisStore {
 impl Shared {
     async fn redis_put(
         &self,
-        manager: &mut ConnectionManager,
+        conn: &mut Connection,
         checkpoint: &Checkpoint,
     ) -> Result<(), RedisError> {
-        let body = serde_json::to_string(checkpoint).map_err(|e| {
-            RedisError::from((
-                redis::ErrorKind::TypeError,
-                "checkpoint encoding",
-                e.to_string(),
-            ))
-        })?;
-        self.scripts
-            .put
-            .key(conv_key(&checkpoint.anchor))
-            .key(cp_key(&checkpoint.id))
-            .arg(body)
-            .arg(checkpoint.covered as u64)
-            .arg(member(checkpoint))
-            .arg(&checkpoint.id)
-            .arg(ttl_ms(self.ttl))
-            .arg(CHECKPOINTS_PER_CONVERSATION)
-            .arg(cp_prefix())
-            .invoke_async(manager)
-            .await
+        self.scripts.put(conn, checkpoint, self.ttl).await
     }
 
     async fn redis_put_facts(
-        manager: &mut ConnectionManager,
+        manager: &mut Connection,
         model: &str,
         facts: ModelFacts,
     ) -> Result<(), RedisError> {
@@ -236,8 +125,41 @@ impl Shared {
     }
 }
 
-fn decode(body: &str) -> Result<Checkpoint, StoreError> {
-    serde_json::from_str(body).map_err(corrupt)
+/// Moves what the previous layout holds into the current one, once Redis is reachable; ends
+/// when done or with the store.
+async fn move_legacy(shared: Weak<Shared>) {
+    /// A whole pass over the keyspace may take longer than a request-path call.
+    const PASS_TIMEOUT: Duration = Duration::from_secs(120);
+    loop {
+        let Some(s) = shared.upgrade() else {
+            return;
+        };
+        if let (true, Some(mut conn)) = (s.is_healthy(), s.manager()) {
+            let pass = layout::migrate_all(&mut conn, &s.scripts, s.ttl);
+            match tokio::time::timeout(PASS_TIMEOUT, pass).await {
+                Ok(Ok(moved)) => {
+                    s.legacy.store(false, Ordering::SeqCst);
+                    if moved > 0 {
+                        tracing::info!(
+                            store = "redis",
+                            conversations = moved,
+                            "moved checkpoints of the previous key layout to the current one"
+                        );
+                    }
+                    return;
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(store = "redis", error = %e, "moving checkpoints of the previous key layout failed; retrying")
+                }
+                Err(_) => tracing::warn!(
+                    store = "redis",
+                    "moving checkpoints of the previous key layout timed out; retrying"
+                ),
+            }
+        }
+        drop(s);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
 }
 
 #[async_trait::async_trait]
@@ -261,23 +183,19 @@ impl CheckpointStore for RedisStore {
         let s = &self.shared;
         let bodies = s
             .call("for_anchor", |mut m| async move {
-                s.scripts
-                    .list
-                    .key(conv_key(anchor))
-                    .arg(CHECKPOINTS_PER_CONVERSATION)
-                    .arg(cp_prefix())
-                    .invoke_async::<Vec<String>>(&mut m)
-                    .await
+                let bodies = layout::conversation(&mut m, anchor).await?;
+                if bodies.is_empty()
+                    && s.legacy.load(Ordering::SeqCst)
+                    && layout::migrate(&mut m, &s.scripts, anchor, s.ttl).await?
+                {
+                    return layout::conversation(&mut m, anchor).await;
+                }
+                Ok(bodies)
             })
             .await;
         match bodies {
             Some(bodies) => {
-                let list = Arc::new(
-                    bodies
-                        .iter()
-                        .map(|b| decode(b))
-                        .collect::<Result<Vec<_>, _>>()?,
-                );
+                let list = Arc::new(layout::arrange(&bodies, s.ttl)?);
                 if list.is_empty() {
                     s.conversations.remove(anchor);
                 } else {
@@ -297,11 +215,20 @@ impl CheckpointStore for RedisStore {
         let s = &self.shared;
         let body = s
             .call("get", |mut m| async move {
-                m.get::<_, Option<String>>(cp_key(id)).await
+                match layout::checkpoint(&mut m, id).await? {
+                    None if s.legacy.load(Ordering::SeqCst) => {
+                        layout::legacy::checkpoint(&mut m, id).await
+                    }
+                    found => Ok(found),
+                }
             })
             .await;
         match body {
-            Some(body) => body.as_deref().map(decode).transpose(),
+            Some(body) => Ok(body
+                .as_deref()
+                .map(layout::decode)
+                .transpose()?
+                .filter(|c| is_fresh(c, s.ttl))),
             None => Ok(s
                 .conversations
                 .iter()
@@ -352,23 +279,17 @@ impl CheckpointStore for RedisStore {
         let ms = ttl_ms(ttl).max(1);
         let taken = s
             .call("try_lease", |mut m| async move {
-                s.scripts
-                    .lease
-                    .key(lease_key(key))
-                    .arg(holder)
-                    .arg(ms)
-                    .invoke_async::<i64>(&mut m)
-                    .await
+                s.scripts.lease(&mut m, key, holder, ms).await
             })
             .await;
         match taken {
-            Some(1) => {
+            Some(true) => {
                 // Mirror it locally, so that single flight within this replica survives Redis
                 // going away before the lease is released.
                 s.local.try_lease(key, holder, ttl).await?;
                 Ok(true)
             }
-            Some(_) => Ok(false),
+            Some(false) => Ok(false),
             None => s.local.try_lease(key, holder, ttl).await,
         }
     }
@@ -377,12 +298,7 @@ impl CheckpointStore for RedisStore {
         let s = &self.shared;
         s.local.release_lease(key, holder).await?;
         s.call("release_lease", |mut m| async move {
-            s.scripts
-                .release
-                .key(lease_key(key))
-                .arg(holder)
-                .invoke_async::<i64>(&mut m)
-                .await
+            s.scripts.release(&mut m, key, holder).await
         })
         .await;
         // Unreleased in Redis (unreachable): the lease lapses by its expiry.
@@ -407,7 +323,11 @@ impl CheckpointStore for RedisStore {
     }
 
     fn kind(&self) -> &'static str {
-        "redis"
+        if self.shared.target.is_cluster() {
+            "redis-cluster"
+        } else {
+            "redis"
+        }
     }
 }
 
@@ -417,4 +337,11 @@ impl CheckpointStore for RedisStore {
 pub(crate) mod redis_server;
 
 #[cfg(test)]
+#[path = "../../tests/common/redis_cluster.rs"]
+pub(crate) mod redis_cluster;
+
+#[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod cluster_tests;

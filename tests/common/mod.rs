@@ -408,6 +408,7 @@ pub fn completion_json(text: &str, prompt_tokens: u64) -> Value {
     completion(text, prompt_tokens)
 }
 
+pub mod redis_cluster;
 pub mod redis_server;
 
 /// `GET url` with an optional `Authorization` value: the status and the body as text.

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 use std::net::{TcpListener, TcpStream};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -14,12 +15,10 @@ pub struct RedisServer {
 
 impl RedisServer {
     pub fn start() -> RedisServer {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let mut server = RedisServer { port, child: None };
+        let mut server = RedisServer {
+            port: free_port(),
+            child: None,
+        };
         server.restart();
         server
     }
@@ -30,28 +29,7 @@ impl RedisServer {
 
     pub fn restart(&mut self) {
         assert!(self.child.is_none(), "already running");
-        let child = Command::new("redis-server")
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!(
-                    "cannot start redis-server ({e}); these tests need a real Redis: \
-                     install it with `apt-get install -y redis-server`"
-                )
-            });
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "redis-server did not start on port {}",
-                self.port
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        self.child = Some(spawn(self.port, &[], None));
     }
 
     pub fn stop(&mut self) {
@@ -73,6 +51,45 @@ impl RedisServer {
             .unwrap()
             .success());
     }
+}
+
+/// A free local port (nothing listens on it when this returns).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Starts `redis-server` on `port` with `extra` arguments, in `dir` (for files it writes), and
+/// waits until it accepts connections.
+pub fn spawn(port: u16, extra: &[&str], dir: Option<&Path>) -> Child {
+    let mut command = Command::new("redis-server");
+    command
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--save", "", "--appendonly", "no"])
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    if let Some(dir) = dir {
+        command.current_dir(dir);
+    }
+    let child = command.spawn().unwrap_or_else(|e| {
+        panic!(
+            "cannot start redis-server ({e}); these tests need a real Redis: \
+             install it with `apt-get install -y redis-server`"
+        )
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "redis-server did not start on port {port}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child
 }
 
 impl Drop for RedisServer {

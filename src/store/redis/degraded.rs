@@ -15,16 +15,16 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use quick_cache::Weighter;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::RedisError;
 
 use super::super::{insert_newest_first, Checkpoint, ModelFacts};
+use super::connection::Connection;
 use super::Shared;
 
 /// Longest any request-path Redis call may take before the store falls back to local state.
 pub const CALL_TIMEOUT: Duration = Duration::from_millis(250);
 /// Time allowed to establish a connection (at startup and when the probe rebuilds it).
-const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 /// How often the background probe pings Redis while it is healthy / while degraded.
 const PROBE_HEALTHY: Duration = Duration::from_secs(2);
 const PROBE_DEGRADED: Duration = Duration::from_millis(250);
@@ -71,27 +71,17 @@ impl std::fmt::Display for Failure {
 }
 
 impl Shared {
-    /// Builds a fresh connection manager and swaps it in.
+    /// Opens a fresh connection and swaps it in.
     pub(super) async fn connect(&self) -> Result<(), Failure> {
-        let config = ConnectionManagerConfig::new()
-            // One attempt per (re)connect, no backoff: the manager's backoff starts at a full
-            // second and grows by `factor`, which would hold a returning Redis off for minutes.
-            // Instead the probe triggers a fresh attempt on each tick while degraded.
-            .set_number_of_retries(0)
-            .set_connection_timeout(CONNECT_TIMEOUT)
-            .set_response_timeout(CALL_TIMEOUT);
-        let manager = tokio::time::timeout(
-            CONNECT_TIMEOUT * 2,
-            ConnectionManager::new_with_config(self.client.clone(), config),
-        )
-        .await
-        .map_err(|_| Failure::Timeout)?
-        .map_err(Failure::Redis)?;
-        *self.manager.write().unwrap_or_else(|p| p.into_inner()) = Some(manager);
+        let connection = tokio::time::timeout(CONNECT_TIMEOUT * 2, self.target.connect())
+            .await
+            .map_err(|_| Failure::Timeout)?
+            .map_err(Failure::Redis)?;
+        *self.manager.write().unwrap_or_else(|p| p.into_inner()) = Some(connection);
         Ok(())
     }
 
-    pub(super) fn manager(&self) -> Option<ConnectionManager> {
+    pub(super) fn manager(&self) -> Option<Connection> {
         self.manager
             .read()
             .unwrap_or_else(|p| p.into_inner())
@@ -106,7 +96,7 @@ impl Shared {
     /// is already known to be down, or fails now.
     pub(super) async fn call<T, F, Fut>(&self, op: &'static str, f: F) -> Option<T>
     where
-        F: FnOnce(ConnectionManager) -> Fut,
+        F: FnOnce(Connection) -> Fut,
         Fut: Future<Output = Result<T, RedisError>>,
     {
         if !self.is_healthy() {
@@ -123,7 +113,7 @@ impl Shared {
 
     pub(super) async fn try_call<T, F, Fut>(&self, f: F) -> Result<T, Failure>
     where
-        F: FnOnce(ConnectionManager) -> Fut,
+        F: FnOnce(Connection) -> Fut,
         Fut: Future<Output = Result<T, RedisError>>,
     {
         let manager = self.manager().ok_or(Failure::NotConnected)?;

@@ -7,6 +7,7 @@ use std::time::Instant;
 use super::*;
 
 use crate::store::contract::{check, sample};
+use crate::store::CHECKPOINTS_PER_CONVERSATION;
 
 use super::redis_server::RedisServer;
 
@@ -78,14 +79,65 @@ async fn trimmed_checkpoints_are_deleted_and_keys_expire() {
         list.iter().map(|c| c.covered).collect::<Vec<_>>(),
         (4..12).rev().collect::<Vec<_>>()
     );
-    let client = Client::open(server.url()).unwrap();
+    let client = redis::Client::open(server.url()).unwrap();
     let mut raw = client.get_multiplexed_async_connection().await.unwrap();
-    let keys: Vec<String> = raw.keys("compactor:cp:*").await.unwrap();
-    assert_eq!(keys.len(), CHECKPOINTS_PER_CONVERSATION);
+    let indexed: Vec<String> = raw.keys("compactor:id:*").await.unwrap();
+    assert_eq!(indexed.len(), CHECKPOINTS_PER_CONVERSATION);
+    let kept: usize = raw.hlen("compactor:{c}:checkpoints").await.unwrap();
+    assert_eq!(kept, CHECKPOINTS_PER_CONVERSATION);
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert!(store.for_anchor("c").await.unwrap().is_empty());
     let keys: Vec<String> = raw.keys("compactor:*").await.unwrap();
     assert!(keys.is_empty(), "left behind: {keys:?}");
+}
+
+#[tokio::test]
+async fn checkpoints_in_the_previous_layout_are_found_and_moved() {
+    let server = RedisServer::start();
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut raw = client.get_multiplexed_async_connection().await.unwrap();
+    // What a replica of the previous version wrote: a sorted set per conversation, member
+    // `{created_ms:020}:{id}` scored by `covered`, and one JSON key per checkpoint.
+    let old = [sample("a", 4, 1), sample("a", 9, 2), sample("b", 3, 3)];
+    for checkpoint in &old {
+        let member = format!("{:020}:{}", checkpoint.created_ms, checkpoint.id);
+        raw.zadd::<_, _, _, ()>(
+            format!("compactor:conv:{}", checkpoint.anchor),
+            member,
+            checkpoint.covered,
+        )
+        .await
+        .unwrap();
+        raw.set::<_, _, ()>(
+            format!("compactor:cp:{}", checkpoint.id),
+            serde_json::to_string(checkpoint).unwrap(),
+        )
+        .await
+        .unwrap();
+    }
+    let store = RedisStore::open(&server.url(), Duration::ZERO)
+        .await
+        .unwrap();
+    // On first use (the move at startup may not have reached it yet) and afterwards alike.
+    assert_eq!(
+        *store.for_anchor("a").await.unwrap(),
+        vec![old[1].clone(), old[0].clone()]
+    );
+    assert_eq!(store.get(&old[2].id).await.unwrap(), Some(old[2].clone()));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let left: Vec<String> = raw.keys("compactor:c*:*").await.unwrap();
+        if left.is_empty() {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "not moved: {left:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let other = RedisStore::open(&server.url(), Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(*other.for_anchor("b").await.unwrap(), vec![old[2].clone()]);
+    assert_eq!(other.get(&old[0].id).await.unwrap(), Some(old[0].clone()));
 }
 
 /// Quick timing against the SQLite store (µs per call, averaged over 1000 calls):
