@@ -31,6 +31,7 @@
 //! Adding a dialect is a new file here implementing both traits, plus a route in
 //! [`crate::http`] that parses with it. [`chat`] is the reference implementation.
 
+pub mod anthropic;
 pub mod chat;
 pub mod responses;
 

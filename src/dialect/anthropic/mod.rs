@@ -1,0 +1,293 @@
+//! Anthropic's Messages API (`POST /v1/messages`: Claude Code and the Anthropic SDKs).
+//!
+//! Elements are the `messages`; `system` and `tools` are the head, forwarded byte for byte like
+//! every other top-level field (`context_management`, `thinking`, `metadata`, …). Roles map onto
+//! the core's grouping: a user message made of `tool_result` blocks is a tool result (it stays
+//! with the assistant step before it), a `role: "system"` message inside `messages` (Claude
+//! Code's environment notes) is an instruction: never summarized, kept verbatim after the
+//! summary. The summary is a user message; consecutive user messages are legal here.
+//!
+//! [`parse`] reads and validates a body, [`wire`] writes errors and summary requests in
+//! Messages form and reads answers and `usage` back.
+
+pub mod parse;
+pub mod wire;
+
+use serde_json::value::RawValue;
+use serde_json::Value;
+
+use crate::compaction::rewrite::{cut_middle, summary_text};
+use crate::identity::{self, Hash};
+use crate::measure::overflow::{self, Overflow};
+use crate::measure::Encoding;
+
+use super::{
+    AnswerError, ClientError, Dialect, RequestError, Rewrite, Role, SummaryRequest, WireRequest,
+};
+use parse::{Author, MessagesRequest};
+
+/// Tokens a message costs beyond its text (role and block framing).
+const MESSAGE_OVERHEAD: u64 = 4;
+
+/// The Messages dialect.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Messages;
+
+impl Dialect for Messages {
+    fn name(&self) -> &'static str {
+        "messages"
+    }
+
+    fn parse(&self, body: &[u8]) -> Result<Box<dyn WireRequest>, RequestError> {
+        Ok(Box::new(MessagesRequest::parse(body)?))
+    }
+
+    /// Anthropic's `prompt is too long: N tokens > M maximum`, and llama.cpp's own body, which
+    /// it sends on this endpoint too.
+    fn overflow(&self, status: u16, body: &[u8]) -> Option<Overflow> {
+        overflow::classify(status, body)
+    }
+
+    /// A stream that failed before any output: `event: error` with Anthropic's error body.
+    fn overflow_in_stream(&self, head: &[u8]) -> Option<Overflow> {
+        let text = std::str::from_utf8(head).ok()?;
+        let data = text
+            .lines()
+            .map(str::trim)
+            .find_map(|l| l.strip_prefix("data:"))?
+            .trim();
+        let value: Value = serde_json::from_str(data).ok()?;
+        (value.get("type")? == "error").then_some(())?;
+        overflow::classify(400, data.as_bytes())
+    }
+
+    fn error_body(&self, error: &ClientError) -> Value {
+        let message = match error.code {
+            Some("context_length_exceeded") => too_long(&error.message),
+            _ => error.message.clone(),
+        };
+        wire::error_body(wire::error_kind(error.status), &message)
+    }
+
+    fn summary_path(&self) -> &'static str {
+        "/v1/messages"
+    }
+
+    fn summary_request(&self, request: &SummaryRequest<'_>) -> Value {
+        wire::summary_request(
+            request.model,
+            request.system,
+            request.user,
+            request.max_tokens,
+        )
+    }
+
+    fn summary_answer(&self, body: &[u8]) -> Result<String, AnswerError> {
+        wire::read_answer(body)
+    }
+}
+
+/// Rewords the proxy's "cannot fit" message the way Anthropic words an overflow, which clients
+/// such as Claude Code recognise: the first two numbers in it are the tokens needed and the
+/// window.
+fn too_long(message: &str) -> String {
+    let numbers: Vec<u64> = message
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|n| n.parse().ok())
+        .collect();
+    match numbers[..] {
+        [needed, window, ..] => wire::too_long_message(needed, window),
+        _ => format!("prompt is too long: {message}"),
+    }
+}
+
+impl WireRequest for MessagesRequest {
+    fn model(&self) -> &str {
+        &self.model
+    }
+
+    fn stream(&self) -> bool {
+        self.stream
+    }
+
+    fn max_output_tokens(&self) -> Option<u64> {
+        self.max_tokens
+    }
+
+    fn len(&self) -> usize {
+        self.messages.len()
+    }
+
+    fn role(&self, index: usize) -> Role {
+        let message = &self.messages[index];
+        match message.role {
+            Author::System => Role::System,
+            Author::Assistant => Role::Assistant,
+            Author::User if message.has_tool_results() => Role::Tool,
+            Author::User => Role::User,
+        }
+    }
+
+    fn raw(&self, index: usize) -> &str {
+        self.messages[index].raw.get()
+    }
+
+    fn canonical(&self, index: usize) -> Hash {
+        let canonical = parse::canonical(&self.messages[index]).to_string();
+        let raw = RawValue::from_string(canonical).expect("serde_json output is valid JSON");
+        identity::canonical_hash(&raw)
+    }
+
+    fn transcript(&self, index: usize) -> String {
+        wire::transcript_entry(&self.messages[index])
+    }
+
+    fn tokens(&self, encoding: Encoding, index: usize) -> u64 {
+        let text: String = self.messages[index]
+            .blocks
+            .iter()
+            .map(block_text)
+            .collect::<Vec<_>>()
+            .join("\n");
+        encoding.count(&text) + MESSAGE_OVERHEAD
+    }
+
+    fn head_tokens(&self, encoding: Encoding) -> u64 {
+        let system = self.system_raw().map_or(0, |raw| {
+            let value: Value = serde_json::from_str(raw).unwrap_or(Value::Null);
+            match value {
+                Value::String(text) => encoding.count(&text),
+                other => other
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|b| encoding.count(b.get("text").and_then(Value::as_str).unwrap_or("")))
+                    .sum(),
+            }
+        });
+        let tools = self.tools_raw().map_or(0, |raw| encoding.count(raw));
+        system + tools + MESSAGE_OVERHEAD
+    }
+
+    fn original_body(&self, _force_usage: bool) -> Vec<u8> {
+        // Messages streams always report usage (in `message_start`): nothing to ask for.
+        self.to_body(self.messages.iter().map(|m| &*m.raw))
+    }
+
+    fn render(&self, rewrite: &Rewrite<'_>, _force_usage: bool) -> Vec<u8> {
+        let checkpoint = rewrite.checkpoint;
+        let covered = checkpoint.covered.min(self.messages.len());
+        let text = summary_text(
+            &checkpoint.summary,
+            &checkpoint.files_read,
+            &checkpoint.files_modified,
+        );
+        let summary = to_raw(&wire::summary_message(&text));
+        let pinned = (0..covered).filter(|&i| {
+            self.messages[i].role == Author::System || Some(i) == checkpoint.pinned_user
+        });
+        let truncated: Vec<(usize, Box<RawValue>)> = checkpoint
+            .truncations
+            .iter()
+            .filter(|t| t.index >= covered && t.index < self.messages.len())
+            .map(|t| {
+                let tokens = rewrite.tokens.get(t.index).copied().unwrap_or(0);
+                (
+                    t.index,
+                    truncate_results(
+                        &self.messages[t.index].blocks,
+                        &self.messages[t.index].raw,
+                        tokens,
+                        t.keep_tokens,
+                    ),
+                )
+            })
+            .collect();
+        let kept = (covered..self.messages.len()).map(|i| {
+            truncated
+                .iter()
+                .find(|(index, _)| *index == i)
+                .map_or(&*self.messages[i].raw, |(_, raw)| &**raw)
+        });
+        let messages = std::iter::once(&*summary)
+            .chain(pinned.map(|i| &*self.messages[i].raw))
+            .chain(kept);
+        self.to_body(messages)
+    }
+}
+
+/// The text a block puts in front of the model.
+fn block_text(block: &Value) -> String {
+    let str_of = |field: &str| block.get(field).and_then(Value::as_str).unwrap_or("");
+    match block.get("type").and_then(Value::as_str).unwrap_or("") {
+        "text" => str_of("text").to_string(),
+        "thinking" => str_of("thinking").to_string(),
+        "tool_use" | "server_tool_use" | "mcp_tool_use" => {
+            format!(
+                "{} {}",
+                str_of("name"),
+                block.get("input").map(Value::to_string).unwrap_or_default()
+            )
+        }
+        "tool_result" | "mcp_tool_result" => match block.get("content") {
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Array(parts)) => {
+                parts.iter().map(block_text).collect::<Vec<_>>().join("\n")
+            }
+            _ => String::new(),
+        },
+        _ => block.to_string(),
+    }
+}
+
+/// A tool result message with each result's text cut in the middle, to about `keep_tokens` of
+/// the message's `tokens`.
+fn truncate_results(
+    blocks: &[Value],
+    raw: &RawValue,
+    tokens: u64,
+    keep_tokens: u64,
+) -> Box<RawValue> {
+    let Ok(mut message) = serde_json::from_str::<Value>(raw.get()) else {
+        return raw.to_owned();
+    };
+    let cut = |text: &str| Value::String(cut_middle(text, tokens, keep_tokens));
+    let content: Vec<Value> = blocks
+        .iter()
+        .map(|block| {
+            let mut block = block.clone();
+            if block.get("type").and_then(Value::as_str) == Some("tool_result") {
+                let shortened = match block.get("content") {
+                    Some(Value::String(s)) => Some(cut(s)),
+                    Some(Value::Array(parts)) => Some(Value::Array(
+                        parts
+                            .iter()
+                            .map(|p| match p.get("text").and_then(Value::as_str) {
+                                Some(t) => {
+                                    let mut p = p.clone();
+                                    p["text"] = cut(t);
+                                    p
+                                }
+                                None => p.clone(),
+                            })
+                            .collect(),
+                    )),
+                    _ => None,
+                };
+                if let Some(shortened) = shortened {
+                    block["content"] = shortened;
+                }
+            }
+            block
+        })
+        .collect();
+    message["content"] = Value::Array(content);
+    to_raw(&message)
+}
+
+fn to_raw(value: &Value) -> Box<RawValue> {
+    RawValue::from_string(value.to_string()).expect("serde_json output is valid JSON")
+}
+
+#[cfg(test)]
+mod tests;

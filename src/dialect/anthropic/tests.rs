@@ -1,0 +1,206 @@
+//! The Messages dialect against Claude Code's recorded requests and hand-written edge cases.
+
+use serde_json::{json, Value};
+
+use super::*;
+use crate::dialect::Dialect;
+use crate::store::Checkpoint;
+
+const SESSION: &str = include_str!("../../../tests/fixtures/claude-code/session.jsonl");
+const ANTHROPIC_OVERFLOW: &str =
+    include_str!("../../../tests/fixtures/anthropic/overflow-anthropic.json");
+const LLAMA_OVERFLOW: &str = include_str!("../../../tests/fixtures/anthropic/overflow-llama.json");
+const INVALID: &str = include_str!("../../../tests/fixtures/anthropic/invalid-request.json");
+
+fn session() -> Vec<Box<dyn WireRequest>> {
+    SESSION
+        .lines()
+        .map(|line| {
+            let record: Value = serde_json::from_str(line).unwrap();
+            Messages
+                .parse(record["body"].to_string().as_bytes())
+                .unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn claude_code_re_serialization_keeps_the_hash_chain() {
+    let requests = session();
+    for pair in requests.windows(2) {
+        let (before, after) = (&pair[0], &pair[1]);
+        assert!(after.len() > before.len());
+        // The previous last message came back with other bytes, and the same meaning.
+        let last = before.len() - 1;
+        assert_ne!(before.raw(last), after.raw(last));
+        for i in 0..before.len() {
+            assert_eq!(before.canonical(i), after.canonical(i), "message {i}");
+        }
+    }
+}
+
+#[test]
+fn tool_results_are_tool_elements_and_stay_with_their_call() {
+    let requests = session();
+    let last = requests.last().unwrap();
+    let roles: Vec<Role> = (0..last.len()).map(|i| last.role(i)).collect();
+    let results: Vec<usize> = (0..last.len())
+        .filter(|&i| roles[i] == Role::Tool)
+        .collect();
+    assert_eq!(results.len(), 2, "two tool loops in the session");
+    for unit in crate::dialect::units(&roles) {
+        assert_ne!(
+            roles[unit.start],
+            Role::Tool,
+            "a unit never starts at a result"
+        );
+    }
+    assert!(last
+        .transcript(results[0])
+        .starts_with("[tool result toolu_stub"));
+}
+
+fn checkpoint(covered: usize, pinned_user: Option<usize>) -> Checkpoint {
+    Checkpoint {
+        id: "cp".into(),
+        tenant: String::new(),
+        anchor: String::new(),
+        covered,
+        prefix_hash: String::new(),
+        pinned_user,
+        truncations: vec![],
+        summary: "## Goal\nkeep going".into(),
+        files_read: vec![],
+        files_modified: vec![],
+        tokens_before: 0,
+        tokens_after: 0,
+        created_ms: 0,
+        model: "m".into(),
+        ahead_of_time: false,
+    }
+}
+
+#[test]
+fn render_puts_the_summary_first_and_keeps_the_rest_byte_for_byte() {
+    let body = json!({
+        "model": "m", "max_tokens": 5,
+        "system": [{"type": "text", "text": "sys", "cache_control": {"type": "ephemeral"}}],
+        "messages": [
+            {"role": "user", "content": "one"},
+            {"role": "system", "content": "cwd: /repo"},
+            {"role": "assistant", "content": "two"},
+            {"role": "user", "content": [{"type": "text", "text": "three", "cache_control": {"type": "ephemeral"}}]},
+        ],
+        "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+    });
+    let request = Messages.parse(body.to_string().as_bytes()).unwrap();
+    let cp = checkpoint(3, None);
+    let tokens = vec![10; 4];
+    let out = request.render(
+        &Rewrite {
+            checkpoint: &cp,
+            tokens: &tokens,
+            merge_into_user: false,
+        },
+        false,
+    );
+    let sent: Value = serde_json::from_slice(&out).unwrap();
+    let messages = sent["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 3);
+    assert_eq!(messages[0]["role"], "user");
+    assert!(messages[0]["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .contains("## Goal\nkeep going"));
+    assert_eq!(
+        messages[1], body["messages"][1],
+        "system notes kept after the summary"
+    );
+    assert_eq!(messages[2], body["messages"][3]);
+    for field in ["system", "context_management", "model", "max_tokens"] {
+        assert_eq!(sent[field], body[field]);
+    }
+    assert!(String::from_utf8(out).unwrap().contains(request.raw(3)));
+}
+
+#[test]
+fn overflows_of_both_providers_are_recognised() {
+    let anthropic = Messages
+        .overflow(400, ANTHROPIC_OVERFLOW.as_bytes())
+        .unwrap();
+    assert_eq!(
+        (anthropic.requested, anthropic.limit),
+        (Some(203284), Some(200000))
+    );
+    let llama = Messages.overflow(400, LLAMA_OVERFLOW.as_bytes()).unwrap();
+    assert_eq!(llama.limit, Some(4096));
+    assert_eq!(Messages.overflow(400, INVALID.as_bytes()), None);
+    let stream = format!("event: error\ndata: {}\n\n", ANTHROPIC_OVERFLOW.trim());
+    assert!(Messages.overflow_in_stream(stream.as_bytes()).is_some());
+    let normal = b"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{}}\n\n";
+    assert_eq!(Messages.overflow_in_stream(normal), None);
+}
+
+#[test]
+fn errors_are_in_anthropics_shape() {
+    let error = |status, code, message: &str| ClientError {
+        status,
+        kind: "invalid_request_error",
+        code,
+        param: None,
+        message: message.into(),
+    };
+    let body = Messages.error_body(&error(400, None, "missing required parameter: 'model'"));
+    assert_eq!(body["type"], "error");
+    assert_eq!(body["error"]["type"], "invalid_request_error");
+    assert_eq!(
+        body["error"]["message"],
+        "missing required parameter: 'model'"
+    );
+    let too_long = Messages.error_body(&error(
+        400,
+        Some("context_length_exceeded"),
+        "this request needs 5200 tokens but the model's window is 4096",
+    ));
+    assert_eq!(
+        too_long["error"]["message"],
+        "prompt is too long: 5200 tokens > 4096 maximum"
+    );
+    assert_eq!(
+        Messages.error_body(&error(502, None, "x"))["error"]["type"],
+        "api_error"
+    );
+    assert_eq!(
+        Messages.error_body(&error(404, None, "x"))["error"]["type"],
+        "not_found_error"
+    );
+}
+
+#[test]
+fn summary_requests_are_messages_requests() {
+    let body = Messages.summary_request(&SummaryRequest {
+        model: "m",
+        system: "summarize",
+        user: "<transcript>",
+        max_tokens: 128,
+    });
+    assert_eq!(body["system"], "summarize");
+    assert_eq!(
+        body["messages"],
+        json!([{"role": "user", "content": "<transcript>"}])
+    );
+    assert_eq!(body["max_tokens"], 128);
+    let answer = br###"{"type":"message","content":[{"type":"text","text":" ## Goal\nx "}],"stop_reason":"end_turn"}"###;
+    assert_eq!(Messages.summary_answer(answer).unwrap(), "## Goal\nx");
+    assert!(Messages.summary_answer(b"{\"content\":[]}").is_err());
+}
+
+#[test]
+fn usage_adds_the_cached_part() {
+    let event = json!({"type": "message_start", "message": {"usage": {
+        "input_tokens": 120, "cache_creation_input_tokens": 5, "cache_read_input_tokens": 800}}});
+    assert_eq!(
+        wire::usage_of(&event).and_then(wire::prompt_tokens),
+        Some(925)
+    );
+}

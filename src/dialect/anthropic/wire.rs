@@ -1,0 +1,179 @@
+//! What Messages looks like on the wire besides the request: errors in Anthropic's shape, the
+//! summary message and summary requests in Messages form, answers and `usage` read back, and
+//! the transcript of a message for the summarizer.
+
+use serde_json::{json, Value};
+
+use super::parse::{Author, Message};
+use crate::dialect::AnswerError;
+
+/// Longest tool result or tool input, in characters, copied into a transcript whole.
+const TRANSCRIPT_RESULT_CHARS: usize = 4000;
+/// Longest text, in characters, copied whole.
+const TRANSCRIPT_TEXT_CHARS: usize = 16000;
+
+/// Anthropic's error body: `{"type":"error","error":{"type","message"}}`.
+pub fn error_body(kind: &str, message: &str) -> Value {
+    json!({"type": "error", "error": {"type": kind, "message": message}})
+}
+
+/// Anthropic's error type for an HTTP status.
+pub fn error_kind(status: u16) -> &'static str {
+    match status {
+        400 | 422 => "invalid_request_error",
+        401 => "authentication_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        413 => "request_too_large",
+        429 => "rate_limit_error",
+        529 => "overloaded_error",
+        _ => "api_error",
+    }
+}
+
+/// The message a client sees when its prompt cannot be made to fit. Worded like Anthropic's own
+/// overflow error, so that clients which recognise that one (Claude Code does) react to it.
+pub fn too_long_message(needed: u64, window: u64) -> String {
+    format!("prompt is too long: {needed} tokens > {window} maximum")
+}
+
+/// The summary as one user message in Messages form.
+pub fn summary_message(text: &str) -> Value {
+    json!({"role": "user", "content": [{"type": "text", "text": text}]})
+}
+
+/// A summary request to a Messages provider: the summarizer's prompt as `system`, the user turn
+/// the core wrote, no tools, not streamed.
+pub fn summary_request(model: &str, system: &str, user: &str, max_tokens: u64) -> Value {
+    json!({
+        "model": model,
+        "system": system,
+        "messages": [{"role": "user", "content": user}],
+        "max_tokens": max_tokens,
+        "temperature": 0.2,
+        "stream": false,
+    })
+}
+
+/// The text of a non-streamed Messages response.
+pub fn read_answer(body: &[u8]) -> Result<String, AnswerError> {
+    let value: Value = serde_json::from_slice(body).map_err(|_| AnswerError::Malformed)?;
+    let content = value
+        .get("content")
+        .and_then(Value::as_array)
+        .ok_or(AnswerError::Malformed)?;
+    let text: String = content
+        .iter()
+        .filter(|b| b.get("type").and_then(Value::as_str) == Some("text"))
+        .filter_map(|b| b.get("text").and_then(Value::as_str))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let text = text.trim();
+    if text.is_empty() {
+        return Err(AnswerError::Empty);
+    }
+    // Cut off early, before anything useful was said: refused; a long cut-off summary is kept.
+    let stop = value.get("stop_reason").and_then(Value::as_str);
+    if stop == Some("max_tokens") && text.len() < 200 {
+        return Err(AnswerError::Truncated);
+    }
+    Ok(text.to_string())
+}
+
+/// The prompt size a Messages `usage` object reports: what was read fresh plus what came from
+/// or went into the provider's cache (llama.cpp too splits its count this way).
+pub fn prompt_tokens(usage: &Value) -> Option<u64> {
+    let field = |name: &str| usage.get(name).and_then(Value::as_u64);
+    let input = field("input_tokens")?;
+    Some(
+        input
+            + field("cache_creation_input_tokens").unwrap_or(0)
+            + field("cache_read_input_tokens").unwrap_or(0),
+    )
+}
+
+/// The `usage` of a Messages response body, or of a stream's `message_start` event.
+pub fn usage_of(event: &Value) -> Option<&Value> {
+    event
+        .get("usage")
+        .or_else(|| event.get("message").and_then(|m| m.get("usage")))
+}
+
+/// One message rendered for the summarizer's transcript.
+pub fn transcript_entry(message: &Message) -> String {
+    let role = match message.role {
+        Author::User => "user",
+        Author::Assistant => "assistant",
+        Author::System => "system",
+    };
+    let mut entry = String::new();
+    for block in &message.blocks {
+        let kind = block.get("type").and_then(Value::as_str).unwrap_or("");
+        let str_of = |field: &str| block.get(field).and_then(Value::as_str).unwrap_or("");
+        match kind {
+            "text" => {
+                let text = shorten(str_of("text"), TRANSCRIPT_TEXT_CHARS);
+                entry.push_str(&format!("[{role}]\n{text}\n"));
+            }
+            "tool_use" | "server_tool_use" | "mcp_tool_use" => {
+                let input = block.get("input").map(Value::to_string).unwrap_or_default();
+                let input = shorten(&input, TRANSCRIPT_RESULT_CHARS);
+                entry.push_str(&format!(
+                    "[assistant calls {} ({})]\n{input}\n",
+                    str_of("name"),
+                    str_of("id")
+                ));
+            }
+            "tool_result" | "mcp_tool_result" => {
+                let text = shorten(&result_text(block), TRANSCRIPT_RESULT_CHARS);
+                let error = if block.get("is_error") == Some(&Value::Bool(true)) {
+                    " (error)"
+                } else {
+                    ""
+                };
+                entry.push_str(&format!(
+                    "[tool result {}{error}]\n{text}\n",
+                    str_of("tool_use_id")
+                ));
+            }
+            // Earlier turns' reasoning is not needed to continue, and may be unreadable.
+            "thinking" | "redacted_thinking" => {}
+            "compaction" => {
+                let text = shorten(str_of("content"), TRANSCRIPT_TEXT_CHARS);
+                entry.push_str(&format!("[earlier summary]\n{text}\n"));
+            }
+            other => entry.push_str(&format!("[{role} attached {other}]\n")),
+        }
+    }
+    entry
+}
+
+/// The text inside a tool result: a string, or its text blocks.
+fn result_text(block: &Value) -> String {
+    match block.get("content") {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .map(|p| match p.get("type").and_then(Value::as_str) {
+                Some("text") => p.get("text").and_then(Value::as_str).unwrap_or("").into(),
+                Some(other) => format!("[{other}]"),
+                None => String::new(),
+            })
+            .collect::<Vec<_>>()
+            .join("\n"),
+        _ => String::new(),
+    }
+}
+
+fn shorten(text: &str, limit: usize) -> String {
+    let chars = text.chars().count();
+    if chars <= limit {
+        return text.to_string();
+    }
+    let head: String = text.chars().take(limit / 2).collect();
+    let tail: String = text.chars().skip(chars - limit / 2).collect();
+    format!(
+        "{head}\n[… {} characters cut from the middle …]\n{tail}",
+        chars - limit
+    )
+}
