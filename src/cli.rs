@@ -8,7 +8,7 @@ use std::sync::Arc;
 use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::compaction::{Mode, RequestContext};
-use crate::config::{CliOverrides, Config, LogFormat};
+use crate::config::{redact_url, CliOverrides, Config, LogFormat};
 use crate::measure::{calibration, windows::WindowTable, Meter};
 use crate::request::ChatRequest;
 
@@ -59,6 +59,8 @@ pub enum Command {
         #[command(flatten)]
         common: Common,
     },
+    /// Read a gateway key from stdin and print the hash to list in the gateway keys file.
+    HashKey,
     /// Count the tokens of a chat request body (a file, or `-` for stdin).
     Count {
         #[command(flatten)]
@@ -105,6 +107,18 @@ pub async fn run_tool(command: Command) -> Result<(), String> {
         Command::CheckConfig { common } => {
             let config = load(&common, &CliOverrides::default())?;
             print!("{}", config.redacted_toml());
+            Ok(())
+        }
+        Command::HashKey => {
+            let mut key = String::new();
+            std::io::stdin()
+                .read_to_string(&mut key)
+                .map_err(|e| format!("stdin: {e}"))?;
+            let key = key.trim();
+            if key.is_empty() {
+                return Err("no key on stdin".into());
+            }
+            println!("{}", crate::http::gateway_keys::hash_key(key));
             Ok(())
         }
         Command::Count { common, file } => {
@@ -211,7 +225,13 @@ pub async fn run_serve(
     let listen = listener
         .local_addr()
         .map_or_else(|_| config.listen.clone(), |a| a.to_string());
-    tracing::info!(listen = %listen, upstream = %config.upstream, store = app.engine.store().kind(), "Compactor is listening.");
+    if let Some(warning) = config.open_relay_warning() {
+        tracing::warn!("{warning}");
+    }
+    if let Some(keys) = &app.gateway_keys {
+        tracing::info!(keys = keys.len(), "Gateway keys required.");
+    }
+    tracing::info!(listen = %listen, upstream = %redact_url(&config.upstream), store = app.engine.store().kind(), "Compactor is listening.");
     crate::server::serve(
         listener,
         app,

@@ -40,6 +40,12 @@ pub struct Config {
     pub log_format: LogFormat,
     pub admin_token: String,
     pub default_window: u64,
+    pub header_read_timeout_ms: u64,
+    pub body_read_timeout_ms: u64,
+    pub max_connections: usize,
+    pub max_in_flight_body_bytes: usize,
+    pub gateway_keys_file: String,
+    pub gateway_keys_env: String,
     pub windows: BTreeMap<String, u64>,
     pub compaction: CompactionConfig,
     pub summarizer: SummarizerConfig,
@@ -99,6 +105,12 @@ impl Default for Config {
             admin_token: String::new(),
             default_window: 128_000,
             windows: BTreeMap::new(),
+            header_read_timeout_ms: 30_000,
+            body_read_timeout_ms: 60_000,
+            max_connections: 1024,
+            max_in_flight_body_bytes: 256 * 1024 * 1024,
+            gateway_keys_file: String::new(),
+            gateway_keys_env: String::new(),
             compaction: CompactionConfig::default(),
             summarizer: SummarizerConfig::default(),
         }
@@ -188,7 +200,12 @@ impl Config {
             }
             match reqwest::Url::parse(url) {
                 Ok(u) if u.scheme() == "http" || u.scheme() == "https" => {}
-                _ => return bad(format!("{key}: `{url}` is not an http(s) URL")),
+                _ => {
+                    return bad(format!(
+                        "{key}: `{}` is not an http(s) URL",
+                        redact_url(url)
+                    ))
+                }
             }
         }
         if !(0.0..=1.0).contains(&self.compaction.soft_threshold) {
@@ -200,6 +217,23 @@ impl Config {
         if self.max_body_bytes == 0 {
             return bad("max_body_bytes must be positive".into());
         }
+        // A body is reserved in the in-flight budget in one piece, counted in u32 permits.
+        if self.max_body_bytes > self.max_in_flight_body_bytes
+            || self.max_body_bytes > u32::MAX as usize
+        {
+            return bad(
+                "max_body_bytes must be at most max_in_flight_body_bytes and below 4 GiB".into(),
+            );
+        }
+        for (key, value) in [
+            ("header_read_timeout_ms", self.header_read_timeout_ms),
+            ("body_read_timeout_ms", self.body_read_timeout_ms),
+            ("max_connections", self.max_connections as u64),
+        ] {
+            if value == 0 {
+                return bad(format!("{key} must be positive"));
+            }
+        }
         Ok(())
     }
 
@@ -209,15 +243,12 @@ impl Config {
         if !shown.admin_token.is_empty() {
             shown.admin_token = "<redacted>".into();
         }
-        if let Some(at) = shown.store.find('@') {
-            // `redis://user:password@host` — keep the scheme and host, hide the credentials.
-            if let Some(scheme_end) = shown.store.find("://") {
-                shown.store = format!(
-                    "{}://<redacted>{}",
-                    &shown.store[..scheme_end],
-                    &shown.store[at..]
-                );
-            }
+        for url in [
+            &mut shown.store,
+            &mut shown.upstream,
+            &mut shown.summarizer.upstream,
+        ] {
+            *url = redact_url(url);
         }
         toml::to_string_pretty(&shown).unwrap_or_else(|e| format!("# cannot render: {e}"))
     }
@@ -232,10 +263,83 @@ impl Config {
         read_key(&self.anthropic_upstream_key_env)
     }
 
+    /// The gateway key entries named by `gateway_keys_env`, read from the process environment.
+    /// A variable that is named but unset is an error: the gateway must not open by accident.
+    pub fn gateway_keys_text(&self) -> Result<Option<String>, String> {
+        if self.gateway_keys_env.is_empty() {
+            return Ok(None);
+        }
+        std::env::var(&self.gateway_keys_env)
+            .map(Some)
+            .map_err(|_| {
+                format!(
+                    "gateway_keys_env names `{}`, which is not set",
+                    self.gateway_keys_env
+                )
+            })
+    }
+
+    /// What `serve` warns about at start when anyone who reaches it could spend the configured
+    /// upstream key: a key is set, no gateway keys are, and it listens beyond loopback.
+    pub fn open_relay_warning(&self) -> Option<String> {
+        let spends_a_key =
+            !self.upstream_key_env.is_empty() || !self.anthropic_upstream_key_env.is_empty();
+        let has_gateway_keys =
+            !self.gateway_keys_file.is_empty() || !self.gateway_keys_env.is_empty();
+        let loopback = self
+            .listen
+            .parse::<SocketAddr>()
+            .is_ok_and(|a| a.ip().is_loopback());
+        (spends_a_key && !has_gateway_keys && !loopback).then(|| {
+            format!(
+                "OPEN RELAY: listening on {} with the upstream key from `{}` and no gateway \
+                 keys: anyone who can reach this address spends that key. Set \
+                 gateway_keys_file or gateway_keys_env, or listen on 127.0.0.1.",
+                self.listen, self.upstream_key_env
+            )
+        })
+    }
+
     /// The key named by `summarizer.api_key_env`, read from the process environment.
     pub fn summarizer_key(&self) -> Option<String> {
         read_key(&self.summarizer.api_key_env)
     }
+}
+
+/// Query parameters whose values are shown: they choose an API version, they grant nothing.
+const HARMLESS_QUERY_PARAMETERS: &[&str] = &["api-version"];
+
+/// A URL (an upstream, a store) as it may be shown or logged: user and password hidden
+/// (`redis://user:pw@host` becomes `redis://redacted@host`), and every query value but an
+/// API version (`?api-key=…`, `?key=…`, a signature) replaced by `redacted`. Anything that is
+/// not a URL with a host (a file path, `memory`) is returned unchanged.
+pub fn redact_url(spec: &str) -> String {
+    let Ok(mut url) = reqwest::Url::parse(spec) else {
+        return spec.to_string();
+    };
+    if !url.has_host() {
+        return spec.to_string();
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        // Setting user info fails only for URLs that cannot have it; those have none to hide.
+        let _ = url.set_password(None);
+        let _ = url.set_username("redacted");
+    }
+    if url.query().is_some() {
+        let pairs: Vec<(String, String)> = url
+            .query_pairs()
+            .map(|(name, value)| {
+                let shown = if HARMLESS_QUERY_PARAMETERS.contains(&name.as_ref()) {
+                    value.into_owned()
+                } else {
+                    "redacted".to_string()
+                };
+                (name.into_owned(), shown)
+            })
+            .collect();
+        url.query_pairs_mut().clear().extend_pairs(pairs);
+    }
+    url.to_string()
 }
 
 fn read_key(var: &str) -> Option<String> {
@@ -391,5 +495,56 @@ mod tests {
             "{shown}"
         );
         assert!(shown.contains("@redis:6379"));
+    }
+
+    #[test]
+    fn an_open_relay_is_warned_about_unless_on_loopback() {
+        let relay = Config {
+            listen: "0.0.0.0:8787".into(),
+            upstream_key_env: "TEAM_KEY".into(),
+            ..Config::default()
+        };
+        let warning = relay.open_relay_warning().unwrap();
+        assert!(warning.contains("OPEN RELAY") && warning.contains("TEAM_KEY"));
+        let loopback = Config {
+            listen: "127.0.0.1:8787".into(),
+            ..relay.clone()
+        };
+        assert_eq!(loopback.open_relay_warning(), None);
+        let keyed = Config {
+            gateway_keys_file: "keys".into(),
+            ..relay.clone()
+        };
+        assert_eq!(keyed.open_relay_warning(), None);
+        let no_key = Config {
+            upstream_key_env: String::new(),
+            ..relay
+        };
+        assert_eq!(no_key.open_relay_warning(), None);
+    }
+
+    #[test]
+    fn url_credentials_are_redacted_everywhere() {
+        let cfg = Config {
+            upstream: "http://user:pw1@h/v1?api-key=k2&api-version=2024-10-21".into(),
+            summarizer: SummarizerConfig {
+                upstream: "https://h2/v1?key=k3".into(),
+                ..SummarizerConfig::default()
+            },
+            store: "rediss://:pw4@redis:6380/0".into(),
+            ..Config::default()
+        };
+        let shown = cfg.redacted_toml();
+        for secret in ["pw1", "k2", "k3", "pw4", "user"] {
+            assert!(!shown.contains(secret), "{secret} in {shown}");
+        }
+        let table: toml::Table = toml::from_str(&shown).unwrap();
+        assert_eq!(
+            table["upstream"].as_str(),
+            Some("http://redacted@h/v1?api-key=redacted&api-version=2024-10-21")
+        );
+        assert_eq!(redact_url("compactor.sqlite3"), "compactor.sqlite3");
+        assert_eq!(redact_url("memory"), "memory");
+        assert_eq!(redact_url("http://h/v1"), "http://h/v1");
     }
 }

@@ -1,5 +1,6 @@
 //! Prometheus metrics. Labels stay low-cardinality: routes, status codes, triggers and results,
-//! never a conversation, a tenant or a model name chosen by clients.
+//! never a conversation, a credential or a model name chosen by clients. The one tenant label
+//! is a gateway key's name, from the operator's own key file.
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
@@ -26,6 +27,11 @@ pub struct TriggerLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TenantLabel {
+    pub tenant: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabel {
     pub result: &'static str,
 }
@@ -44,6 +50,7 @@ pub struct Metrics {
     pub ready_checkpoints_used: Counter,
     pub overflow_retries: Counter,
     pub store_errors: Counter,
+    pub tenant_requests: Family<TenantLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -115,6 +122,12 @@ impl Default for Metrics {
             "Checkpoint store operations that failed",
             store_errors.clone(),
         );
+        let tenant_requests = Family::<TenantLabel, Counter>::default();
+        registry.register(
+            "tenant_requests",
+            "Requests accepted with a gateway key, by the key's tenant name",
+            tenant_requests.clone(),
+        );
         Metrics {
             registry,
             requests,
@@ -128,11 +141,21 @@ impl Default for Metrics {
             ready_checkpoints_used,
             overflow_retries,
             store_errors,
+            tenant_requests,
         }
     }
 }
 
 impl Metrics {
+    /// Counts a request of a gateway key's tenant.
+    pub fn count_tenant_request(&self, name: &str) {
+        self.tenant_requests
+            .get_or_create(&TenantLabel {
+                tenant: name.to_string(),
+            })
+            .inc();
+    }
+
     /// The Prometheus text exposition.
     pub fn render(&self) -> String {
         let mut out = String::new();

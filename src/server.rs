@@ -4,15 +4,23 @@
 //! 0 in-process and stop it at will.
 
 use std::future::Future;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::serve::ListenerExt;
-use tokio::net::TcpListener;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto::Builder;
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use tower::ServiceExt;
 
 use crate::compaction::Engine;
-use crate::config::Config;
+use crate::config::{redact_url, Config};
 use crate::dialect::chat::Chat;
+use crate::http::gateway_keys::GatewayKeys;
+use crate::http::limits::{ConnectionLimits, Limits};
 use crate::http::{router, App};
 use crate::measure::{windows::WindowTable, Meter};
 use crate::metrics::Metrics;
@@ -61,6 +69,12 @@ pub fn build_with_store(
             KeyHeader::XApiKey,
         )
         .map_err(|e| e.to_string())?;
+    let gateway_keys = GatewayKeys::load(
+        Some(&config.gateway_keys_file)
+            .filter(|f| !f.is_empty())
+            .map(PathBuf::from),
+        config.gateway_keys_text()?.as_deref(),
+    )?;
     let metrics = Arc::new(Metrics::default());
     let engine = Arc::new(Engine::new(
         config.compaction.clone(),
@@ -76,51 +90,120 @@ pub fn build_with_store(
         upstream,
         anthropic_upstream,
         metrics,
-        max_body_bytes: config.max_body_bytes,
+        limits: Limits::new(
+            config.max_body_bytes,
+            config.max_in_flight_body_bytes,
+            Duration::from_millis(config.body_read_timeout_ms),
+        ),
+        connections: ConnectionLimits {
+            header_read_timeout: Duration::from_millis(config.header_read_timeout_ms),
+            max_connections: config.max_connections,
+        },
         calibrate_streams: config.compaction.calibrate_streams,
         admin_token: Some(config.admin_token.clone()).filter(|t| !t.is_empty()),
+        gateway_keys,
     }))
 }
 
 /// Serves until `shutdown` resolves, then lets open requests finish for up to `grace`.
+///
+/// The accept loop is written out (rather than `axum::serve`) for the connection limits: at
+/// most `max_connections` open at once, and a connection that has not completed a request's
+/// headers within `header_read_timeout` is closed, however slowly it trickles them.
 pub async fn serve(
     listener: TcpListener,
     app: Arc<App>,
     shutdown: impl Future<Output = ()> + Send + 'static,
     grace: Duration,
 ) -> std::io::Result<()> {
-    let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
-    let signal = async move {
-        shutdown.await;
-        tracing::info!(
-            grace_ms = grace.as_millis() as u64,
-            "Shutting down: no new connections; draining open requests."
-        );
-        let _ = stopping_tx.send(());
-    };
-    // Responses are written in more than one segment (head, then body chunks); with Nagle's
-    // algorithm on, the second segment waits for the client's delayed ACK (tens of milliseconds
-    // per request on a kept-alive connection).
-    let listener = listener.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
+    let limits = app.connections.clone();
+    let router = router(app);
+    let mut builder = Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout);
+    builder.http2().timer(TokioTimer::new());
+    let open = Arc::new(Semaphore::new(limits.max_connections));
+    let graceful = GracefulShutdown::new();
+    tokio::pin!(shutdown);
+    loop {
+        let stream = tokio::select! {
+            _ = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of descriptors, or the peer gave up before the accept: wait a moment
+                    // rather than spin, and keep serving the connections already open.
+                    tracing::warn!(error = %e, "Accepting a connection failed.");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        // Responses are written in more than one segment (head, then body chunks); with Nagle's
+        // algorithm on, the second segment waits for the client's delayed ACK (tens of
+        // milliseconds per request on a kept-alive connection).
+        if let Err(e) = stream.set_nodelay(true) {
             tracing::debug!(error = %e, "Could not set TCP_NODELAY on an accepted connection.");
         }
-    });
-    let server = axum::serve(listener, router(app)).with_graceful_shutdown(signal);
-    let deadline = async move {
-        if stopping_rx.await.is_ok() {
-            tokio::time::sleep(grace).await;
-        } else {
-            std::future::pending::<()>().await;
-        }
-    };
+        let Ok(permit) = open.clone().try_acquire_owned() else {
+            refuse_connection(stream);
+            continue;
+        };
+        let (started_tx, started_rx) = tokio::sync::oneshot::channel::<()>();
+        let started = std::sync::Mutex::new(Some(started_tx));
+        let router = router.clone();
+        let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
+            let first = started.lock().ok().and_then(|mut s| s.take());
+            if let Some(tx) = first {
+                let _ = tx.send(());
+            }
+            router.clone().oneshot(request.map(axum::body::Body::new))
+        });
+        let connection = builder
+            .serve_connection_with_upgrades(TokioIo::new(stream), service)
+            .into_owned();
+        let connection = graceful.watch(connection);
+        let header_read_timeout = limits.header_read_timeout;
+        tokio::spawn(async move {
+            tokio::pin!(connection);
+            // HTTP/1 bounds each request's headers itself; this also bounds the time before
+            // the first request of any protocol (hyper waits for a silent client's first bytes
+            // without a deadline).
+            let first = tokio::time::timeout(header_read_timeout, started_rx);
+            tokio::select! {
+                _ = &mut connection => {}
+                first = first => if matches!(first, Ok(Ok(()))) {
+                    let _ = connection.await;
+                },
+            }
+            drop(permit);
+        });
+    }
+    drop(listener);
+    tracing::info!(
+        grace_ms = grace.as_millis() as u64,
+        "Shutting down: no new connections; draining open requests."
+    );
     tokio::select! {
-        result = server => result,
-        _ = deadline => {
+        _ = graceful.shutdown() => {}
+        _ = tokio::time::sleep(grace) => {
             tracing::warn!("Drain deadline reached; closing the remaining requests.");
-            Ok(())
         }
     }
+    Ok(())
+}
+
+/// Answers a connection beyond the cap with a 503 and closes it, without reading from it.
+fn refuse_connection(stream: TcpStream) {
+    let body = r#"{"error":{"message":"the proxy has as many open connections as it allows; retry shortly","type":"server_error","param":null,"code":"overloaded"}}"#;
+    let answer = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    // One attempt, never a wait: a fresh socket's send buffer takes this whole.
+    let _ = stream.try_write(answer.as_bytes());
 }
 
 /// Resolves on SIGTERM or SIGINT.
@@ -142,13 +225,5 @@ pub async fn shutdown_signal() {
     tokio::select! {
         _ = ctrl_c => {},
         _ = term => {},
-    }
-}
-
-/// A store URL with any password hidden, for messages.
-fn redact_url(spec: &str) -> String {
-    match (spec.find("://"), spec.rfind('@')) {
-        (Some(s), Some(at)) if at > s => format!("{}://<redacted>{}", &spec[..s], &spec[at..]),
-        _ => spec.to_string(),
     }
 }

@@ -34,6 +34,13 @@ pub enum ApiError {
     UpstreamTimeout(String),
     #[error("{0}")]
     Internal(String),
+    #[error("{message}")]
+    Busy {
+        message: String,
+        retry_after_secs: u64,
+    },
+    #[error("{0}")]
+    RequestTimeout(String),
 }
 
 impl ApiError {
@@ -58,6 +65,8 @@ impl ApiError {
             }
             ApiError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::Busy { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
         }
     }
 
@@ -79,6 +88,8 @@ impl ApiError {
             ApiError::UpstreamBroken(_) => ("upstream_error", Some("upstream_no_response")),
             ApiError::UpstreamTimeout(_) => ("upstream_error", Some("upstream_timeout")),
             ApiError::Internal(_) => ("server_error", Some("internal_error")),
+            ApiError::Busy { .. } => ("server_error", Some("overloaded")),
+            ApiError::RequestTimeout(_) => ("invalid_request_error", Some("request_timeout")),
         }
     }
 
@@ -99,6 +110,14 @@ impl IntoResponse for ApiError {
         response
             .headers_mut()
             .insert("x-compactor-error", http::HeaderValue::from_static("true"));
+        if let ApiError::Busy {
+            retry_after_secs, ..
+        } = &self
+        {
+            response
+                .headers_mut()
+                .insert(http::header::RETRY_AFTER, (*retry_after_secs).into());
+        }
         response
     }
 }
@@ -125,6 +144,11 @@ impl From<crate::upstream::UpstreamError> for ApiError {
             crate::upstream::UpstreamError::Timeout(m) => {
                 ApiError::UpstreamTimeout(format!("upstream timed out: {m}"))
             }
+            crate::upstream::UpstreamError::Refused(m) => ApiError::BadRequest {
+                message: format!("request refused: {m}"),
+                param: None,
+                code: Some("invalid_path"),
+            },
         }
     }
 }

@@ -3,7 +3,12 @@
 //! checkpoint API.
 
 pub mod error;
+pub mod gateway_keys;
+pub mod limits;
+pub mod log;
+pub mod path;
 pub mod stream;
+pub mod tenant;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,8 +17,8 @@ use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post};
+use axum::Extension;
 use axum::Router;
-use futures::StreamExt;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Uri};
 
 use crate::compaction::{Engine, Mode, Outcome, Prepared, RequestContext};
@@ -24,6 +29,7 @@ use crate::request::ChatRequest;
 use crate::upstream::{self, Upstream, UpstreamResponse, CREDENTIAL_HEADERS};
 
 pub use error::ApiError;
+use log::Escaped;
 
 /// Everything a handler needs.
 pub struct App {
@@ -32,18 +38,27 @@ pub struct App {
     /// Where `/v1/messages…` goes (the Anthropic provider).
     pub anthropic_upstream: Upstream,
     pub metrics: Arc<Metrics>,
-    pub max_body_bytes: usize,
+    pub limits: limits::Limits,
+    pub connections: limits::ConnectionLimits,
     pub calibrate_streams: bool,
     pub admin_token: Option<String>,
+    /// Accepted client keys; `None`: any client may use the proxy.
+    pub gateway_keys: Option<gateway_keys::GatewayKeys>,
 }
 
 /// The router with every route and the panic guard.
 pub fn router(app: Arc<App>) -> Router {
-    Router::new()
+    let provider_routes = Router::new()
         .route("/v1/chat/completions", post(chat).fallback(passthrough))
         .route("/v1/messages", any(passthrough))
         .route("/v1/messages/{*rest}", any(passthrough))
         .route("/v1/{*rest}", any(passthrough))
+        .route_layer(axum::middleware::from_fn_with_state(
+            app.clone(),
+            tenant::identify,
+        ));
+    Router::new()
+        .merge(provider_routes)
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -84,16 +99,6 @@ async fn metrics(State(app): State<Arc<App>>) -> impl IntoResponse {
     )
 }
 
-/// The client's credential, as one string: what the tenant hash is made of.
-fn credential(headers: &HeaderMap) -> String {
-    CREDENTIAL_HEADERS
-        .iter()
-        .filter_map(|name| headers.get(*name))
-        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
 fn credential_headers(headers: &HeaderMap) -> HeaderMap {
     let mut out = HeaderMap::new();
     for name in CREDENTIAL_HEADERS {
@@ -121,14 +126,29 @@ fn forwarded_headers(headers: &HeaderMap) -> HeaderMap {
 async fn checkpoint(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
-    headers: HeaderMap,
+    mut headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let bearer = headers
         .get(http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
     let is_admin = matches!((&app.admin_token, bearer), (Some(t), Some(b)) if t == b);
-    let tenant = identity::hex(&identity::tenant(&credential(&headers)));
+    let tenant = match (&app.gateway_keys, is_admin) {
+        (_, true) => None,
+        (Some(keys), false) => tenant::authenticate(keys, &mut headers),
+        (None, false) => Some(tenant::Tenant::from_credentials(&headers)),
+    };
+    // Every anonymous client would be one tenant: reading by id needs a credential.
+    let tenant = match tenant {
+        Some(t) if t.anonymous => None,
+        other => other,
+    };
+    if tenant.is_none() && !is_admin {
+        return Err(ApiError::Unauthorized(
+            "reading a checkpoint needs the credential that made it (or the admin token)".into(),
+        ));
+    }
+    let tenant = tenant.map(|t| identity::hex(&t.seed));
     let found = app
         .engine
         .store()
@@ -137,23 +157,11 @@ async fn checkpoint(
         .map_err(|e| ApiError::Internal(format!("checkpoint store: {e}")))?;
     match found {
         // Another tenant's checkpoint is reported as absent, not as forbidden.
-        Some(cp) if is_admin || cp.tenant == tenant => Ok(axum::Json(cp).into_response()),
+        Some(cp) if is_admin || tenant.as_deref() == Some(cp.tenant.as_str()) => {
+            Ok(axum::Json(cp).into_response())
+        }
         _ => Err(ApiError::NotFound(format!("no checkpoint {id}"))),
     }
-}
-
-/// Reads a request body up to the limit.
-async fn read_body(body: Body, limit: usize) -> Result<bytes::Bytes, ApiError> {
-    axum::body::to_bytes(body, limit).await.map_err(|e| {
-        let too_large = std::error::Error::source(&e)
-            .is_some_and(|s| s.is::<http_body_util::LengthLimitError>())
-            || e.to_string().contains("length limit");
-        if too_large {
-            ApiError::TooLarge { limit }
-        } else {
-            ApiError::bad_request(format!("could not read request body: {e}"))
-        }
-    })
 }
 
 fn header_str(headers: &HeaderMap, name: &str) -> Option<String> {
@@ -203,13 +211,18 @@ fn instructions(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
     })
 }
 
-async fn chat(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> Response {
+async fn chat(
+    State(app): State<Arc<App>>,
+    Extension(tenant): Extension<tenant::Tenant>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     let started = Instant::now();
-    let result = chat_inner(&app, &headers, body, started).await;
+    let result = chat_inner(&app, &tenant, &headers, body, started).await;
     let response = match result {
         Ok(r) => r,
         Err(e) => {
-            tracing::info!(method = "POST", path = "/v1/chat/completions", status = e.status().as_u16(), error = %e, "Refused a chat request.");
+            tracing::info!(method = "POST", path = "/v1/chat/completions", status = e.status().as_u16(), error = %Escaped(&e), "Refused a chat request.");
             e.into_response()
         }
     };
@@ -225,13 +238,14 @@ async fn chat(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> Re
 
 async fn chat_inner(
     app: &Arc<App>,
+    tenant: &tenant::Tenant,
     headers: &HeaderMap,
     body: Body,
     started: Instant,
 ) -> Result<Response, ApiError> {
     refuse_encoded_body(headers)?;
     let instructions = instructions(headers)?;
-    let bytes = read_body(body, app.max_body_bytes).await?;
+    let (bytes, _budget) = app.limits.read_body(headers, body).await?;
     let request = Arc::new(ChatRequest::parse(&bytes)?);
     measure_on_blocking_pool(app, &request).await;
     let mode = match header_str(headers, "x-compactor-mode") {
@@ -243,7 +257,7 @@ async fn chat_inner(
         })?,
     };
     let context = RequestContext {
-        tenant: identity::tenant(&credential(headers)),
+        tenant: tenant.seed,
         credentials: credential_headers(headers),
         mode,
         instructions,
@@ -427,7 +441,7 @@ fn finish(
         method = "POST",
         path = "/v1/chat/completions",
         status = status.as_u16(),
-        model = %request.model,
+        model = %Escaped(&request.model),
         prompt_tokens = outcome.prompt_tokens,
         tokens_sent = outcome.tokens_after,
         compacted = outcome.compacted,
@@ -483,8 +497,8 @@ async fn passthrough(
         })
         .inc();
     tracing::info!(
-        method = %method,
-        path = uri.path(),
+        method = %Escaped(&method),
+        path = %Escaped(uri.path()),
         status = response.status().as_u16(),
         elapsed_ms = started.elapsed().as_secs_f64() * 1000.0,
         "Passed a request through."
@@ -492,15 +506,15 @@ async fn passthrough(
     response
 }
 
-/// The provider a path goes to, and the path relative to its base: `/v1/messages…` keeps its
-/// whole path on the Anthropic upstream; everything else drops `/v1` on the OpenAI-compatible
-/// one, whose base already ends in it.
-fn upstream_for<'a, 'p>(app: &'a App, path: &'p str) -> (&'a Upstream, &'p str) {
-    let is_messages = path == "/v1/messages" || path.starts_with("/v1/messages/");
+/// The provider a confined path (relative to `/v1`) goes to, and the path relative to its base:
+/// `/v1/messages…` keeps its whole path on the Anthropic upstream; everything else goes without
+/// `/v1` to the OpenAI-compatible one, whose base already ends in it.
+fn upstream_for<'a>(app: &'a App, confined: &str) -> (&'a Upstream, String) {
+    let is_messages = confined == "/messages" || confined.starts_with("/messages/");
     if is_messages {
-        (&app.anthropic_upstream, path)
+        (&app.anthropic_upstream, format!("/v1{confined}"))
     } else {
-        (&app.upstream, path.strip_prefix("/v1").unwrap_or(path))
+        (&app.upstream, confined.to_string())
     }
 }
 
@@ -511,23 +525,18 @@ async fn passthrough_inner(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let declared = headers
-        .get(http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok());
-    if declared.is_some_and(|n| n > app.max_body_bytes) {
-        return Err(ApiError::TooLarge {
-            limit: app.max_body_bytes,
-        });
-    }
-    let (upstream, path) = upstream_for(app, uri.path());
+    app.limits.check_declared(headers)?;
+    let confined = path::confine(uri.path()).map_err(|e| ApiError::BadRequest {
+        message: format!("refused path: {e}"),
+        param: None,
+        code: Some("invalid_path"),
+    })?;
+    let (upstream, path) = upstream_for(app, &confined);
     let path_and_query = match uri.query() {
         Some(q) => format!("{path}?{q}"),
         None => path.to_string(),
     };
-    let stream = body
-        .into_data_stream()
-        .map(|r| r.map_err(std::io::Error::other));
+    let stream = app.limits.idle_limited(body);
     let response = upstream
         .send(
             method,

@@ -26,6 +26,8 @@ pub enum UpstreamError {
     Broken(String),
     #[error("upstream timed out: {0}")]
     Timeout(String),
+    #[error("request refused: {0}")]
+    Refused(String),
 }
 
 /// A response's head and its streaming body.
@@ -117,6 +119,9 @@ impl Upstream {
             .connect_timeout(connect_timeout)
             .pool_idle_timeout(Duration::from_secs(90))
             .tcp_nodelay(true)
+            // A redirect would carry the prompt and the credential headers (`api-key` and
+            // `x-api-key` included) to wherever the upstream points: 3xx answers go back instead.
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| UpstreamError::Unreachable(e.to_string()))?;
         Ok(Upstream {
@@ -156,8 +161,9 @@ impl Upstream {
         })
     }
 
-    /// `{base}{path_and_query}`, e.g. `https://api.openai.com/v1` + `/models?x=1`.
-    fn url_for(&self, path_and_query: &str) -> reqwest::Url {
+    /// `{base}{path_and_query}`, e.g. `https://api.openai.com/v1` + `/models?x=1`; refused when
+    /// the URL library's resolution of dot segments would take it out of the base path.
+    fn url_for(&self, path_and_query: &str) -> Result<reqwest::Url, UpstreamError> {
         let mut url = self.base.clone();
         let (path, query) = match path_and_query.split_once('?') {
             Some((p, q)) => (p, Some(q)),
@@ -169,7 +175,17 @@ impl Upstream {
             path
         ));
         url.set_query(query);
-        url
+        let base = self.base.path().trim_end_matches('/');
+        let inside = url
+            .path()
+            .strip_prefix(base)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'));
+        if !inside {
+            return Err(UpstreamError::Refused(
+                "the path leaves the upstream's base path".into(),
+            ));
+        }
+        Ok(url)
     }
 
     /// Sends a request to `{base}{path_and_query}` and returns once the response head arrives.
@@ -180,7 +196,7 @@ impl Upstream {
         mut headers: HeaderMap,
         body: reqwest::Body,
     ) -> Result<UpstreamResponse, UpstreamError> {
-        let url = self.url_for(path_and_query);
+        let url = self.url_for(path_and_query)?;
         strip_hop_by_hop(&mut headers);
         headers.remove(http::header::HOST);
         // A buffered body gets its length from the client library; a streamed one is the
@@ -277,7 +293,8 @@ mod tests {
         Upstream::new(base, None, Duration::from_secs(1), Duration::from_secs(1))
             .unwrap()
             .url_for(path)
-            .to_string()
+            .map(|u| u.to_string())
+            .unwrap_or_else(|e| e.to_string())
     }
 
     #[test]
@@ -301,6 +318,17 @@ mod tests {
             ),
             "http://h/openai/deployments/x/chat/completions?api-version=1"
         );
+    }
+
+    #[test]
+    fn urls_outside_the_base_path_are_refused() {
+        for path in ["/../x", "/%2e%2e/x", "/a/../../x"] {
+            assert!(
+                url("http://h/v1/deployments/mine", path).starts_with("request refused"),
+                "{path}"
+            );
+        }
+        assert_eq!(url("http://h/v1", "/a/../models"), "http://h/v1/models");
     }
 
     #[test]

@@ -1,0 +1,164 @@
+//! Who sent a request: the tenant whose hash seeds its conversations and owns its checkpoints.
+//!
+//! With gateway keys configured, a client must present one (as `Authorization: Bearer …`,
+//! `api-key` or `x-api-key`); its tenant is the key's name, the key itself is removed before
+//! the request goes upstream, and anything else is refused with 401 in the client's own error
+//! shape. Without gateway keys, the tenant is a hash of the credential headers the client sent,
+//! names included, so the same value under `api-key` and under `authorization` are two tenants.
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use http::HeaderMap;
+use tracing::Instrument;
+
+use super::{gateway_keys::GatewayKeys, ApiError, App};
+use crate::identity::{self, Hash};
+use crate::upstream::CREDENTIAL_HEADERS;
+
+/// The tenant of one request, as handlers find it in the request's extensions.
+#[derive(Debug, Clone)]
+pub struct Tenant {
+    /// Seeds the conversation hash chain; stored (as hex) with each checkpoint.
+    pub seed: Hash,
+    /// The gateway key's name, when gateway keys are in use.
+    pub name: Option<Arc<str>>,
+    /// Whether the client sent no credential at all.
+    pub anonymous: bool,
+}
+
+impl Tenant {
+    /// The tenant a request's credential headers make, without gateway keys.
+    pub fn from_credentials(headers: &HeaderMap) -> Tenant {
+        let credential = CREDENTIAL_HEADERS
+            .iter()
+            .flat_map(|name| {
+                headers
+                    .get_all(*name)
+                    .iter()
+                    .map(move |v| format!("{name}: {}", String::from_utf8_lossy(v.as_bytes())))
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        Tenant {
+            seed: identity::tenant(&credential),
+            name: None,
+            anonymous: credential.is_empty(),
+        }
+    }
+
+    fn named(name: Arc<str>) -> Tenant {
+        // Credential-derived seeds always start with a header name, so none can equal this.
+        Tenant {
+            seed: identity::tenant(&format!("gateway-key: {name}")),
+            name: Some(name),
+            anonymous: false,
+        }
+    }
+}
+
+/// The key a client presented in any credential header, with the header it came in.
+fn presented_key(headers: &HeaderMap) -> Option<(&'static str, String)> {
+    CREDENTIAL_HEADERS.iter().find_map(|name| {
+        let value = headers.get(*name)?.to_str().ok()?.trim();
+        let key = match *name {
+            "authorization" => value
+                .strip_prefix("Bearer ")
+                .or_else(|| value.strip_prefix("bearer "))?,
+            _ => value,
+        };
+        Some((*name, key.trim().to_string()))
+    })
+}
+
+/// Middleware: identifies the tenant (refusing unknown gateway keys) and runs the request
+/// inside a span that names it.
+pub async fn identify(State(app): State<Arc<App>>, mut request: Request, next: Next) -> Response {
+    let tenant = match &app.gateway_keys {
+        None => Tenant::from_credentials(request.headers()),
+        Some(keys) => match authenticate(keys, request.headers_mut()) {
+            Some(tenant) => tenant,
+            None => return unauthorized(request.uri().path()),
+        },
+    };
+    let span = match &tenant.name {
+        Some(name) => {
+            app.metrics.count_tenant_request(name);
+            tracing::info_span!("request", tenant = %name)
+        }
+        None => tracing::Span::none(),
+    };
+    request.extensions_mut().insert(tenant);
+    next.run(request).instrument(span).await
+}
+
+/// The tenant of an accepted gateway key; every credential header is then removed, so the key
+/// never travels upstream.
+pub fn authenticate(keys: &GatewayKeys, headers: &mut HeaderMap) -> Option<Tenant> {
+    let (_, key) = presented_key(headers)?;
+    let name = keys.tenant_of(&key)?;
+    for header in CREDENTIAL_HEADERS {
+        headers.remove(*header);
+    }
+    Some(Tenant::named(name))
+}
+
+/// 401 in the error shape of the client the path belongs to.
+fn unauthorized(path: &str) -> Response {
+    let message = "missing or unknown gateway key: send the key this gateway issued you as \
+                   `Authorization: Bearer <key>` (or `x-api-key`)";
+    tracing::info!(
+        status = 401,
+        "Refused a request without an accepted gateway key."
+    );
+    if path.starts_with("/v1/messages") {
+        let body = serde_json::json!({
+            "type": "error",
+            "error": {"type": "authentication_error", "message": message},
+        });
+        let mut response = (http::StatusCode::UNAUTHORIZED, axum::Json(body)).into_response();
+        response
+            .headers_mut()
+            .insert("x-compactor-error", http::HeaderValue::from_static("true"));
+        return response;
+    }
+    ApiError::Unauthorized(message.into()).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (name, value) in pairs {
+            h.append(*name, value.parse().unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn the_header_that_carried_a_credential_is_part_of_the_tenant() {
+        let a = Tenant::from_credentials(&headers(&[("api-key", "K")]));
+        let b = Tenant::from_credentials(&headers(&[("authorization", "K")]));
+        let c = Tenant::from_credentials(&headers(&[("api-key", "K")]));
+        assert_ne!(a.seed, b.seed);
+        assert_eq!(a.seed, c.seed);
+        assert!(!a.anonymous);
+        assert!(Tenant::from_credentials(&HeaderMap::new()).anonymous);
+    }
+
+    #[test]
+    fn an_accepted_gateway_key_is_removed_before_forwarding() {
+        let text = format!("alice {}", super::super::gateway_keys::hash_key("sk-alice"));
+        let keys = GatewayKeys::load(None, Some(&text)).unwrap().unwrap();
+        let mut h = headers(&[("x-api-key", "sk-alice"), ("api-key", "other")]);
+        let tenant = authenticate(&keys, &mut h).unwrap();
+        assert_eq!(tenant.name.as_deref(), Some("alice"));
+        assert!(h.is_empty());
+        let mut wrong = headers(&[("authorization", "Bearer sk-bob")]);
+        assert!(authenticate(&keys, &mut wrong).is_none());
+    }
+}

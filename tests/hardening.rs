@@ -1,0 +1,478 @@
+//! Attacks from a hostile client or a hostile network path, each reproduced against an
+//! in-process proxy: escaping the upstream's base path, redirects that carry credentials away.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::Request;
+use axum::response::IntoResponse;
+use axum::Router;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use common::{client, config, start_mock, start_proxy};
+
+/// Sends `head` (a request line and headers, without the blank line) on a fresh connection and
+/// returns everything the proxy answers before it closes (or goes quiet for five seconds).
+async fn raw(addr: SocketAddr, head: &str) -> String {
+    raw_with_body(addr, head, "").await
+}
+
+/// [`raw`] with a body after the headers.
+async fn raw_with_body(addr: SocketAddr, head: &str, body: &str) -> String {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    let request = format!("{head}\r\nhost: {addr}\r\nconnection: close\r\n\r\n{body}");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    read_until_quiet(&mut stream, Duration::from_secs(5)).await
+}
+
+async fn read_until_quiet(stream: &mut TcpStream, quiet: Duration) -> String {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    while let Ok(Ok(n)) = tokio::time::timeout(quiet, stream.read(&mut buf)).await {
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn status_of(response: &str) -> u16 {
+    response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status line in {response:?}"))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Path traversal
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn paths_that_climb_out_of_the_base_path_are_refused() {
+    let mock = start_mock().await;
+    // The upstream is one deployment of a host that serves others beside it.
+    let mut cfg = config(&format!("http://{}/v1/deployments/mine", mock.addr));
+    cfg.upstream_key_env = "HARDENING_TEST_SERVER_KEY".into();
+    std::env::set_var("HARDENING_TEST_SERVER_KEY", "sk-server");
+    let proxy = start_proxy(cfg).await;
+    for head in [
+        "DELETE /v1/../other HTTP/1.1",
+        "DELETE /v1/%2e%2e/other HTTP/1.1",
+        "DELETE /v1/%2E%2E/other HTTP/1.1",
+        "GET /v1/models/../../other HTTP/1.1",
+        "GET /v1/..%2fother HTTP/1.1",
+    ] {
+        let response = raw(proxy.addr, head).await;
+        assert_eq!(status_of(&response), 400, "{head}: {response}");
+        assert!(response.contains("invalid_path"), "{head}: {response}");
+    }
+    let others = mock.state.others.lock().unwrap().clone();
+    assert!(
+        others.is_empty(),
+        "reached the upstream: {:?}",
+        others.iter().map(|r| &r.path).collect::<Vec<_>>()
+    );
+    // Dot segments that stay inside are resolved, not refused.
+    let response = raw(proxy.addr, "GET /v1/files/../models HTTP/1.1").await;
+    assert_eq!(status_of(&response), 200, "{response}");
+    let others = mock.state.others.lock().unwrap().clone();
+    assert_eq!(others.len(), 1);
+    assert_eq!(others[0].path, "/v1/deployments/mine/models");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Redirects
+// ---------------------------------------------------------------------------------------------
+
+/// A server that records every request it gets and answers 200.
+async fn start_recorder() -> (SocketAddr, Arc<Mutex<Vec<http::HeaderMap>>>) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    let app = Router::new().fallback(move |req: Request| {
+        let log = log.clone();
+        async move {
+            log.lock().unwrap().push(req.headers().clone());
+            "stolen"
+        }
+    });
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (addr, seen)
+}
+
+/// An upstream that answers everything with a 307 to `target`.
+async fn start_redirector(target: String) -> SocketAddr {
+    let app = Router::new().fallback(move || {
+        let target = target.clone();
+        async move {
+            (
+                http::StatusCode::TEMPORARY_REDIRECT,
+                [(http::header::LOCATION, target)],
+            )
+                .into_response()
+        }
+    });
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    addr
+}
+
+#[tokio::test]
+async fn upstream_redirects_are_passed_back_not_followed() {
+    let (thief, seen) = start_recorder().await;
+    let redirector = start_redirector(format!("http://{thief}/collect")).await;
+    let proxy = start_proxy(config(&format!("http://{redirector}/v1"))).await;
+    // The test's own client must not follow the 307 either.
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let chat = client
+        .post(format!("{}/v1/chat/completions", proxy.url()))
+        .header("api-key", "azure-secret")
+        .header("x-api-key", "anthropic-secret")
+        .header("content-type", "application/json")
+        .body((serde_json::json!({"model": "gpt-4o", "messages": [{"role": "user", "content": "secret prompt"}]})).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(chat.status(), 307);
+    let models = client
+        .get(format!("{}/v1/models", proxy.url()))
+        .header("api-key", "azure-secret")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(models.status(), 307);
+    assert!(
+        seen.lock().unwrap().is_empty(),
+        "the redirect target received the request"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Secrets and log injection
+// ---------------------------------------------------------------------------------------------
+
+/// The binary, with no `COMPACTOR_…` variable of the test's environment.
+fn compactor_command() -> std::process::Command {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_compactor"));
+    for (name, _) in std::env::vars() {
+        if name.starts_with("COMPACTOR_") {
+            command.env_remove(name);
+        }
+    }
+    command
+}
+
+/// A `compactor serve` process whose log (stderr) is collected as it runs.
+struct Served {
+    child: std::process::Child,
+    log: Arc<Mutex<String>>,
+}
+
+impl Served {
+    /// Starts `compactor serve` with `args` and `env` and waits until it is listening.
+    fn start(args: &[&str], env: &[(&str, &str)]) -> Served {
+        use std::io::BufRead;
+        let mut command = compactor_command();
+        command
+            .arg("serve")
+            .args(["--store", "memory"])
+            .args(args)
+            .stderr(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null());
+        for (name, value) in env {
+            command.env(name, value);
+        }
+        let mut child = command.spawn().unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let log = Arc::new(Mutex::new(String::new()));
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if line.contains("Compactor is listening") {
+                    let _ = ready_tx.send(());
+                }
+                let mut log = sink.lock().unwrap();
+                log.push_str(&line);
+                log.push('\n');
+            }
+        });
+        let ready = ready_rx.recv_timeout(Duration::from_secs(20));
+        let served = Served { child, log };
+        assert!(ready.is_ok(), "not listening: {}", served.log());
+        served
+    }
+
+    fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// What `compactor serve` logs up to the line that says it is listening.
+fn startup_log(args: &[&str], env: &[(&str, &str)]) -> String {
+    Served::start(args, env).log()
+}
+
+const SECRET_UPSTREAM: &str = "http://alice:pw-in-url@127.0.0.1:9/v1?api-key=key-in-query";
+
+#[test]
+fn check_config_and_serve_hide_url_credentials() {
+    let output = compactor_command()
+        .arg("check-config")
+        .env("COMPACTOR_UPSTREAM", SECRET_UPSTREAM)
+        .env("COMPACTOR_SUMMARIZER__UPSTREAM", SECRET_UPSTREAM)
+        .env("COMPACTOR_STORE", "redis://:redis-pw@127.0.0.1:9/")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}");
+    for secret in ["pw-in-url", "key-in-query", "redis-pw", "alice"] {
+        assert!(
+            !stdout.contains(secret),
+            "check-config shows {secret}: {stdout}"
+        );
+    }
+    let log = startup_log(
+        &["--listen", "127.0.0.1:0", "--upstream", SECRET_UPSTREAM],
+        &[],
+    );
+    assert!(log.contains("127.0.0.1:9"), "{log}");
+    for secret in ["pw-in-url", "key-in-query", "alice"] {
+        assert!(!log.contains(secret), "serve logs {secret}: {log}");
+    }
+}
+
+#[tokio::test]
+async fn a_newline_in_a_client_value_cannot_forge_a_log_line() {
+    let mock = start_mock().await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    let served = Served::start(&["--listen", &listen, "--upstream", &mock.url()], &[]);
+    let forged = "2026-01-01T00:00:00.000000Z  INFO compactor: FORGED";
+    let response = client()
+        .post(format!("http://{listen}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(
+            serde_json::json!({
+                "model": format!("gpt-4o\n{forged}\r\n{forged}"),
+                "messages": [{"role": "user", "content": "hi"}],
+            })
+            .to_string(),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    response.bytes().await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !served.log().contains("Served a chat request") {
+        assert!(tokio::time::Instant::now() < deadline, "{}", served.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let log = served.log();
+    assert!(log.contains("FORGED"), "{log}");
+    for line in log.lines() {
+        assert!(!line.starts_with("2026-01-01"), "forged line: {line}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Slow clients and connection counts
+// ---------------------------------------------------------------------------------------------
+
+/// Reads until the peer closes; `None` when it was still open after `within`.
+async fn closed_within(stream: &mut tokio::net::tcp::OwnedReadHalf, within: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + within;
+    let mut buf = [0u8; 1024];
+    loop {
+        match tokio::time::timeout_at(deadline, stream.read(&mut buf)).await {
+            Err(_) => return false,
+            Ok(Ok(0)) | Ok(Err(_)) => return true,
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+#[tokio::test]
+async fn clients_that_trickle_or_withhold_headers_are_cut_off() {
+    let mock = start_mock().await;
+    let mut cfg = config(&mock.url());
+    cfg.header_read_timeout_ms = 400;
+    let proxy = start_proxy(cfg).await;
+    // One header byte every 100 ms: never a whole request.
+    let (mut reader, mut writer) = TcpStream::connect(proxy.addr).await.unwrap().into_split();
+    writer
+        .write_all(b"GET /healthz HTTP/1.1\r\nx-slow: ")
+        .await
+        .unwrap();
+    let trickle = tokio::spawn(async move {
+        for _ in 0..40 {
+            if writer.write_all(b"a").await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    assert!(
+        closed_within(&mut reader, Duration::from_secs(4)).await,
+        "a trickling client kept its connection"
+    );
+    trickle.abort();
+    // A client that connects and sends nothing at all.
+    let (mut reader, _writer) = TcpStream::connect(proxy.addr).await.unwrap().into_split();
+    assert!(
+        closed_within(&mut reader, Duration::from_secs(4)).await,
+        "a silent client kept its connection"
+    );
+    // A normal client is unaffected.
+    let response = raw(proxy.addr, "GET /healthz HTTP/1.1").await;
+    assert_eq!(status_of(&response), 200, "{response}");
+}
+
+#[tokio::test]
+async fn connections_beyond_the_cap_are_answered_503() {
+    let mock = start_mock().await;
+    let mut cfg = config(&mock.url());
+    cfg.max_connections = 2;
+    let proxy = start_proxy(cfg).await;
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut stream = TcpStream::connect(proxy.addr).await.unwrap();
+        stream
+            .write_all(b"GET /healthz HTTP/1.1\r\n")
+            .await
+            .unwrap();
+        held.push(stream);
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut third = TcpStream::connect(proxy.addr).await.unwrap();
+    let answer = read_until_quiet(&mut third, Duration::from_secs(5)).await;
+    assert_eq!(status_of(&answer), 503, "{answer}");
+    assert!(
+        answer.to_ascii_lowercase().contains("retry-after: 1"),
+        "{answer}"
+    );
+    // A freed slot serves again.
+    drop(held.pop());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let response = raw(proxy.addr, "GET /healthz HTTP/1.1").await;
+        if status_of(&response) == 200 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{response}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bodies: size declared up front, bytes in flight, read timeout
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn an_oversized_declared_body_is_refused_before_100_continue() {
+    let mock = start_mock().await;
+    let proxy = start_proxy(config(&mock.url())).await;
+    let response = raw(
+        proxy.addr,
+        "POST /v1/chat/completions HTTP/1.1\r\ncontent-type: application/json\r\ncontent-length: 100000000\r\nexpect: 100-continue",
+    )
+    .await;
+    assert_eq!(status_of(&response), 413, "{response}");
+    assert!(!response.contains("100 Continue"), "{response}");
+}
+
+/// A chat body of exactly `len` bytes.
+fn padded_chat(len: usize) -> String {
+    let body =
+        serde_json::json!({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]})
+            .to_string();
+    assert!(body.len() <= len);
+    format!("{body}{}", " ".repeat(len - body.len()))
+}
+
+fn chat_head(len: usize) -> String {
+    format!("POST /v1/chat/completions HTTP/1.1\r\ncontent-type: application/json\r\ncontent-length: {len}")
+}
+
+#[tokio::test]
+async fn bodies_in_flight_are_bounded() {
+    let mock = start_mock().await;
+    let mut cfg = config(&mock.url());
+    cfg.max_body_bytes = 4000;
+    cfg.max_in_flight_body_bytes = 5000;
+    let proxy = start_proxy(cfg).await;
+    // A slow upload holds 3000 bytes of the budget while it arrives.
+    let slow = padded_chat(3000);
+    let mut first = TcpStream::connect(proxy.addr).await.unwrap();
+    let head = format!(
+        "{}\r\nhost: x\r\nconnection: close\r\n\r\n",
+        chat_head(3000)
+    );
+    first.write_all(head.as_bytes()).await.unwrap();
+    first.write_all(&slow.as_bytes()[..10]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let second = padded_chat(2500);
+    let busy = raw_with_body(proxy.addr, &chat_head(2500), &second).await;
+    assert_eq!(status_of(&busy), 503, "{busy}");
+    assert!(
+        busy.to_ascii_lowercase().contains("retry-after: 1"),
+        "{busy}"
+    );
+    // Once the first is done, its bytes are free again.
+    first.write_all(&slow.as_bytes()[10..]).await.unwrap();
+    let done = read_until_quiet(&mut first, Duration::from_secs(5)).await;
+    assert_eq!(status_of(&done), 200, "{done}");
+    let retried = raw_with_body(proxy.addr, &chat_head(2500), &second).await;
+    assert_eq!(status_of(&retried), 200, "{retried}");
+}
+
+#[tokio::test]
+async fn a_body_that_stops_arriving_is_answered_408() {
+    let mock = start_mock().await;
+    let mut cfg = config(&mock.url());
+    cfg.body_read_timeout_ms = 300;
+    let proxy = start_proxy(cfg).await;
+    let mut stream = TcpStream::connect(proxy.addr).await.unwrap();
+    let head = format!("{}\r\nhost: x\r\n\r\n{{\"model\"", chat_head(100));
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let answer = read_until_quiet(&mut stream, Duration::from_secs(3)).await;
+    assert_eq!(status_of(&answer), 408, "{answer}");
+    assert!(mock.chats().is_empty());
+}
+
+#[test]
+fn serve_warns_when_anyone_reachable_spends_the_upstream_key() {
+    let env = [
+        ("COMPACTOR_UPSTREAM_KEY_ENV", "HARDENING_TEAM_KEY"),
+        ("HARDENING_TEAM_KEY", "sk-team"),
+    ];
+    let open = startup_log(&["--listen", "0.0.0.0:0"], &env);
+    assert!(open.contains("OPEN RELAY"), "{open}");
+    assert!(!open.contains("sk-team"), "{open}");
+    let loopback = startup_log(&["--listen", "127.0.0.1:0"], &env);
+    assert!(!loopback.contains("OPEN RELAY"), "{loopback}");
+}
