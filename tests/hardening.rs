@@ -201,12 +201,14 @@ impl Served {
         std::thread::spawn(move || {
             for line in std::io::BufReader::new(stderr).lines() {
                 let Ok(line) = line else { break };
+                {
+                    let mut log = sink.lock().unwrap();
+                    log.push_str(&line);
+                    log.push('\n');
+                }
                 if line.contains("Compactor is listening") {
                     let _ = ready_tx.send(());
                 }
-                let mut log = sink.lock().unwrap();
-                log.push_str(&line);
-                log.push('\n');
             }
         });
         let ready = ready_rx.recv_timeout(Duration::from_secs(20));
@@ -434,7 +436,8 @@ async fn bodies_in_flight_are_bounded() {
     );
     first.write_all(head.as_bytes()).await.unwrap();
     first.write_all(&slow.as_bytes()[..10]).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Time for the proxy to take the first request in (slow when every core is busy).
+    tokio::time::sleep(Duration::from_secs(1)).await;
     let second = padded_chat(2500);
     let busy = raw_with_body(proxy.addr, &chat_head(2500), &second).await;
     assert_eq!(status_of(&busy), 503, "{busy}");

@@ -59,9 +59,9 @@ impl Tenant {
     }
 }
 
-/// The key a client presented in any credential header, with the header it came in.
-fn presented_key(headers: &HeaderMap) -> Option<(&'static str, String)> {
-    CREDENTIAL_HEADERS.iter().find_map(|name| {
+/// The keys a client presented, one per credential header it sent.
+fn presented_keys(headers: &HeaderMap) -> impl Iterator<Item = &str> {
+    CREDENTIAL_HEADERS.iter().filter_map(|name| {
         let value = headers.get(*name)?.to_str().ok()?.trim();
         let key = match *name {
             "authorization" => value
@@ -69,7 +69,7 @@ fn presented_key(headers: &HeaderMap) -> Option<(&'static str, String)> {
                 .or_else(|| value.strip_prefix("bearer "))?,
             _ => value,
         };
-        Some((*name, key.trim().to_string()))
+        Some(key.trim())
     })
 }
 
@@ -97,8 +97,7 @@ pub async fn identify(State(app): State<Arc<App>>, mut request: Request, next: N
 /// The tenant of an accepted gateway key; every credential header is then removed, so the key
 /// never travels upstream.
 pub fn authenticate(keys: &GatewayKeys, headers: &mut HeaderMap) -> Option<Tenant> {
-    let (_, key) = presented_key(headers)?;
-    let name = keys.tenant_of(&key)?;
+    let name = presented_keys(headers).find_map(|key| keys.tenant_of(key))?;
     for header in CREDENTIAL_HEADERS {
         headers.remove(*header);
     }
