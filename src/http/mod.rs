@@ -7,6 +7,7 @@ pub mod gateway_keys;
 pub mod limits;
 pub mod log;
 pub mod path;
+mod request_headers;
 pub mod stream;
 pub mod tenant;
 
@@ -30,6 +31,7 @@ use crate::upstream::{self, Upstream, UpstreamResponse, CREDENTIAL_HEADERS};
 
 pub use error::ApiError;
 use log::Escaped;
+use request_headers::{instructions, refuse_encoded_body};
 
 /// Everything a handler needs.
 pub struct App {
@@ -169,46 +171,6 @@ fn header_str(headers: &HeaderMap, name: &str) -> Option<String> {
         .get(name)
         .and_then(|v| v.to_str().ok())
         .map(str::to_string)
-}
-
-/// Chat bodies are read as JSON: a compressed one is refused with a clear reason rather than
-/// reported as invalid JSON.
-fn refuse_encoded_body(headers: &HeaderMap) -> Result<(), ApiError> {
-    let encoding = headers
-        .get_all(http::header::CONTENT_ENCODING)
-        .iter()
-        .map(|v| {
-            String::from_utf8_lossy(v.as_bytes())
-                .trim()
-                .to_ascii_lowercase()
-        })
-        .find(|v| !v.is_empty() && v != "identity");
-    match encoding {
-        Some(encoding) => Err(ApiError::UnsupportedEncoding(format!(
-            "request bodies with content-encoding `{encoding}` are not supported; send the JSON uncompressed"
-        ))),
-        None => Ok(()),
-    }
-}
-
-/// `x-compactor-instructions`: UTF-8 as sent, or an RFC 8187 value (`UTF-8''` followed by
-/// percent-encoded UTF-8) for clients that can only send ASCII headers.
-fn instructions(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
-    let Some(value) = headers.get("x-compactor-instructions") else {
-        return Ok(None);
-    };
-    let bytes = value.as_bytes();
-    let decoded: Vec<u8> = match bytes.get(..7) {
-        Some(prefix) if prefix.eq_ignore_ascii_case(b"utf-8''") => {
-            percent_encoding::percent_decode(&bytes[7..]).collect()
-        }
-        _ => bytes.to_vec(),
-    };
-    String::from_utf8(decoded).map(Some).map_err(|_| ApiError::BadRequest {
-        message: "x-compactor-instructions is not valid UTF-8 (send UTF-8, or an RFC 8187 value: UTF-8'' followed by percent-encoded UTF-8)".into(),
-        param: Some("x-compactor-instructions".into()),
-        code: None,
-    })
 }
 
 async fn chat(

@@ -1,0 +1,131 @@
+use super::*;
+
+fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+#[test]
+fn documented_file_states_the_defaults() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/compactor.toml");
+    let from_file = Config::load(Some(&path), vec![], &CliOverrides::default()).unwrap();
+    assert_eq!(from_file, Config::default());
+}
+
+#[test]
+fn unknown_key_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.toml");
+    std::fs::write(&path, "[compaction]\nkeep_recnt_tokens = 5\n").unwrap();
+    let err = Config::load(Some(&path), vec![], &CliOverrides::default()).unwrap_err();
+    assert!(err.to_string().contains("keep_recnt_tokens"), "{err}");
+}
+
+#[test]
+fn env_overrides_file_and_cli_overrides_env() {
+    let cfg = Config::load(
+        None,
+        env(&[
+            ("COMPACTOR_UPSTREAM", "http://env.example/v1"),
+            ("COMPACTOR_COMPACTION__KEEP_RECENT_TOKENS", "1234"),
+            ("COMPACTOR_ADMIN_TOKEN", "42"),
+            ("COMPACTOR_CACHE", "/tmp/ignored"),
+            ("COMPACTOR_LISTEN", "127.0.0.1:1"),
+        ]),
+        &CliOverrides {
+            listen: Some("127.0.0.1:9".into()),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(cfg.upstream, "http://env.example/v1");
+    assert_eq!(cfg.compaction.keep_recent_tokens, 1234);
+    assert_eq!(cfg.admin_token, "42");
+    assert_eq!(cfg.listen, "127.0.0.1:9");
+}
+
+#[test]
+fn invalid_values_are_rejected_with_the_key() {
+    let err = Config::load(
+        None,
+        env(&[("COMPACTOR_UPSTREAM", "not a url")]),
+        &CliOverrides::default(),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("upstream"), "{err}");
+    let err = Config::load(
+        None,
+        env(&[("COMPACTOR_COMPACTION__KEEP_RECENT_TOKENS", "lots")]),
+        &CliOverrides::default(),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("invalid"), "{err}");
+}
+
+#[test]
+fn redaction_hides_secrets() {
+    let cfg = Config {
+        admin_token: "s3cret".into(),
+        store: "redis://user:pw@redis:6379/".into(),
+        ..Config::default()
+    };
+    let shown = cfg.redacted_toml();
+    assert!(
+        !shown.contains("s3cret") && !shown.contains("pw@"),
+        "{shown}"
+    );
+    assert!(shown.contains("@redis:6379"));
+}
+
+#[test]
+fn an_open_relay_is_warned_about_unless_on_loopback() {
+    let relay = Config {
+        listen: "0.0.0.0:8787".into(),
+        upstream_key_env: "TEAM_KEY".into(),
+        ..Config::default()
+    };
+    let warning = relay.open_relay_warning().unwrap();
+    assert!(warning.contains("OPEN RELAY") && warning.contains("TEAM_KEY"));
+    let loopback = Config {
+        listen: "127.0.0.1:8787".into(),
+        ..relay.clone()
+    };
+    assert_eq!(loopback.open_relay_warning(), None);
+    let keyed = Config {
+        gateway_keys_file: "keys".into(),
+        ..relay.clone()
+    };
+    assert_eq!(keyed.open_relay_warning(), None);
+    let no_key = Config {
+        upstream_key_env: String::new(),
+        ..relay
+    };
+    assert_eq!(no_key.open_relay_warning(), None);
+}
+
+#[test]
+fn url_credentials_are_redacted_everywhere() {
+    let cfg = Config {
+        upstream: "http://user:pw1@h/v1?api-key=k2&api-version=2024-10-21".into(),
+        summarizer: SummarizerConfig {
+            upstream: "https://h2/v1?key=k3".into(),
+            ..SummarizerConfig::default()
+        },
+        store: "rediss://:pw4@redis:6380/0".into(),
+        ..Config::default()
+    };
+    let shown = cfg.redacted_toml();
+    for secret in ["pw1", "k2", "k3", "pw4", "//user"] {
+        assert!(!shown.contains(secret), "{secret} in {shown}");
+    }
+    let table: toml::Table = toml::from_str(&shown).unwrap();
+    assert_eq!(
+        table["upstream"].as_str(),
+        Some("http://redacted@h/v1?api-key=redacted&api-version=2024-10-21")
+    );
+    assert_eq!(redact_url("compactor.sqlite3"), "compactor.sqlite3");
+    assert_eq!(redact_url("memory"), "memory");
+    assert_eq!(redact_url("http://h/v1"), "http://h/v1");
+}
