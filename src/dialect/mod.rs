@@ -174,6 +174,33 @@ pub struct ClientError {
     pub message: String,
 }
 
+/// A request body's top-level fields in order, each kept as its original bytes. A body that is
+/// valid JSON but not an object is refused as such, not as a syntax error.
+pub(crate) fn top_level_fields(
+    body: &[u8],
+) -> Result<indexmap::IndexMap<String, Box<serde_json::value::RawValue>>, RequestError> {
+    match serde_json::from_slice(body) {
+        Ok(fields) => Ok(fields),
+        Err(e) if e.is_data() => {
+            serde_json::from_slice::<serde::de::IgnoredAny>(body)
+                .map_err(RequestError::from_json)?;
+            Err(RequestError::NotObject)
+        }
+        Err(e) => Err(RequestError::from_json(e)),
+    }
+}
+
+/// The `model` field every dialect requires, as a string.
+pub(crate) fn required_model(
+    fields: &indexmap::IndexMap<String, Box<serde_json::value::RawValue>>,
+) -> Result<String, RequestError> {
+    let raw = fields.get("model").ok_or(RequestError::Missing("model"))?;
+    serde_json::from_str::<String>(raw.get()).map_err(|_| RequestError::Type {
+        field: "model",
+        expected: "a string",
+    })
+}
+
 /// The units of a conversation: the smallest spans that may be cut between. A unit is one
 /// element plus the tool results right after it, so no result is ever separated from the
 /// assistant step that called it.

@@ -102,24 +102,8 @@ pub struct MessagesRequest {
 
 impl MessagesRequest {
     pub fn parse(body: &[u8]) -> Result<MessagesRequest, RequestError> {
-        let mut fields: IndexMap<String, Box<RawValue>> = match serde_json::from_slice(body) {
-            Ok(fields) => fields,
-            Err(e) if e.is_data() => {
-                serde_json::from_slice::<serde::de::IgnoredAny>(body)
-                    .map_err(RequestError::from_json)?;
-                return Err(RequestError::NotObject);
-            }
-            Err(e) => return Err(RequestError::from_json(e)),
-        };
-        let model = match fields.get("model") {
-            None => return Err(RequestError::Missing("model")),
-            Some(raw) => {
-                serde_json::from_str::<String>(raw.get()).map_err(|_| RequestError::Type {
-                    field: "model",
-                    expected: "a string",
-                })?
-            }
-        };
+        let mut fields = super::super::top_level_fields(body)?;
+        let model = super::super::required_model(&fields)?;
         let max_tokens =
             match fields.get("max_tokens") {
                 None => None,
