@@ -1,0 +1,394 @@
+//! The compaction engine driven directly, without sockets: a canned summarizer, the memory
+//! store and paused time, so waiting for summaries and timeouts costs no real time.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use compactor::compaction::{
+    Engine, Mode, Prepared, RequestContext, Status, Summarizer, SummarizerError,
+};
+use compactor::config::{CompactionConfig, SummarizerConfig};
+use compactor::dialect::SummaryRequest;
+use compactor::identity;
+use compactor::measure::{windows::WindowTable, Meter};
+use compactor::metrics::Metrics;
+use compactor::request::ChatRequest;
+use compactor::store::{memory::MemoryStore, CheckpointStore};
+use serde_json::{json, Value};
+
+const MODEL: &str = "engine-test-model";
+const WINDOW: u64 = 8000;
+
+/// What the canned summarizer does.
+#[derive(Clone, Copy, PartialEq)]
+enum Behaviour {
+    /// Answers a short summary after `delay`.
+    Answer {
+        delay: Duration,
+    },
+    /// Answers a summary longer than anything it replaces.
+    Bloated,
+    Fail,
+    Hang,
+}
+
+struct Canned {
+    behaviour: Mutex<Behaviour>,
+    calls: AtomicUsize,
+    /// The user prompts received, in order.
+    prompts: Mutex<Vec<String>>,
+}
+
+impl Canned {
+    fn new(behaviour: Behaviour) -> Arc<Canned> {
+        Arc::new(Canned {
+            behaviour: Mutex::new(behaviour),
+            calls: AtomicUsize::new(0),
+            prompts: Mutex::new(Vec::new()),
+        })
+    }
+
+    fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+}
+
+#[async_trait::async_trait]
+impl Summarizer for Canned {
+    async fn summarize(
+        &self,
+        request: &SummaryRequest<'_>,
+        _credentials: &http::HeaderMap,
+    ) -> Result<String, SummarizerError> {
+        let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+        self.prompts.lock().unwrap().push(request.user.to_string());
+        let behaviour = *self.behaviour.lock().unwrap();
+        match behaviour {
+            Behaviour::Answer { delay } => {
+                tokio::time::sleep(delay).await;
+                Ok(format!("## Goal\nsummary number {n}"))
+            }
+            Behaviour::Bloated => Ok(format!("## Goal\n{}", "padding ".repeat(40_000))),
+            Behaviour::Fail => Err(SummarizerError::Status(500)),
+            Behaviour::Hang => std::future::pending().await,
+        }
+    }
+}
+
+struct Setup {
+    engine: Arc<Engine>,
+    summarizer: Arc<Canned>,
+    store: Arc<MemoryStore>,
+}
+
+fn setup(
+    behaviour: Behaviour,
+    tune: impl FnOnce(&mut CompactionConfig, &mut SummarizerConfig),
+) -> Setup {
+    let mut config = CompactionConfig {
+        ahead_of_time: false,
+        summary_timeout_ms: 30_000,
+        ..CompactionConfig::default()
+    };
+    // One summary call per span unless a test narrows the summarizer's window.
+    let mut summarizer_config = SummarizerConfig {
+        window: 1_000_000,
+        ..SummarizerConfig::default()
+    };
+    tune(&mut config, &mut summarizer_config);
+    let summarizer = Canned::new(behaviour);
+    let store = Arc::new(MemoryStore::default());
+    let windows = BTreeMap::from([(MODEL.to_string(), WINDOW)]);
+    let engine = Arc::new(Engine::new(
+        config,
+        summarizer_config,
+        store.clone() as Arc<dyn CheckpointStore>,
+        Meter::new(10_000),
+        WindowTable::new(&windows, 128_000),
+        summarizer.clone(),
+        Arc::new(Metrics::default()),
+    ));
+    Setup {
+        engine,
+        summarizer,
+        store,
+    }
+}
+
+/// A coding session of `turns` user turns, each about 300 tokens.
+fn session(turns: usize) -> Vec<Value> {
+    let mut messages = vec![json!({"role": "system", "content": "You are a careful engineer."})];
+    for t in 0..turns {
+        let words: String = (0..60).map(|w| format!("w{t}x{w} ")).collect();
+        messages.push(json!({"role": "user", "content": format!("turn {t}: {words}")}));
+        messages.push(json!({"role": "assistant", "content": format!("done with turn {t}")}));
+    }
+    messages.push(json!({"role": "user", "content": "what next?"}));
+    messages
+}
+
+fn request(messages: &[Value]) -> ChatRequest {
+    ChatRequest::parse(
+        json!({"model": MODEL, "messages": messages})
+            .to_string()
+            .as_bytes(),
+    )
+    .unwrap()
+}
+
+fn context() -> RequestContext {
+    RequestContext {
+        tenant: identity::tenant("Bearer engine"),
+        ..RequestContext::default()
+    }
+}
+
+async fn prepare(setup: &Setup, messages: &[Value]) -> Prepared {
+    setup
+        .engine
+        .prepare(&context(), &request(messages), None)
+        .await
+        .unwrap()
+}
+
+fn sent_messages(prepared: &Prepared) -> Vec<Value> {
+    let body: Value = serde_json::from_slice(&prepared.body).unwrap();
+    body["messages"].as_array().unwrap().clone()
+}
+
+async fn checkpoints(setup: &Setup) -> usize {
+    let anchor = {
+        let req = request(&session(1));
+        let meter = Meter::new(16);
+        let measured = meter.measure(&req);
+        let chain = identity::chain(
+            &context().tenant,
+            measured.messages.iter().map(|m| m.canonical),
+        );
+        identity::hex(&chain[1])
+    };
+    setup.store.for_anchor(&anchor).await.unwrap().len()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_that_fits_is_sent_as_it_came() {
+    let setup = setup(
+        Behaviour::Answer {
+            delay: Duration::ZERO,
+        },
+        |_, _| {},
+    );
+    let messages = session(3);
+    let prepared = prepare(&setup, &messages).await;
+    assert!(!prepared.outcome.compacted);
+    assert_eq!(sent_messages(&prepared), messages);
+    assert_eq!(setup.summarizer.calls(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn concurrent_requests_of_one_conversation_share_one_summary() {
+    let setup = setup(
+        Behaviour::Answer {
+            delay: Duration::from_secs(5),
+        },
+        |_, _| {},
+    );
+    let messages = session(40);
+    let started = tokio::time::Instant::now();
+    let all = futures::future::join_all((0..8).map(|_| prepare(&setup, &messages))).await;
+    assert_eq!(setup.summarizer.calls(), 1, "single flight");
+    assert!(all
+        .iter()
+        .all(|p| p.outcome.compacted && p.outcome.status.is_none()));
+    assert_eq!(all.iter().filter(|p| p.outcome.summarized).count(), 1);
+    let ids: Vec<_> = all
+        .iter()
+        .map(|p| p.outcome.checkpoint_id.clone())
+        .collect();
+    assert!(ids.iter().all(|id| id.is_some() && *id == ids[0]));
+    // The waiters were served as soon as the one summary was ready.
+    assert!(
+        started.elapsed() < Duration::from_secs(6),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stored_checkpoint_serves_the_next_turns_without_a_new_summary() {
+    let setup = setup(
+        Behaviour::Answer {
+            delay: Duration::ZERO,
+        },
+        |_, _| {},
+    );
+    let mut messages = session(40);
+    let first = prepare(&setup, &messages).await;
+    assert!(first.outcome.summarized);
+    messages.push(json!({"role": "assistant", "content": "on it"}));
+    messages.push(json!({"role": "user", "content": "and then?"}));
+    let second = prepare(&setup, &messages).await;
+    assert_eq!(setup.summarizer.calls(), 1);
+    assert!(second.outcome.compacted && !second.outcome.summarized);
+    assert_eq!(second.outcome.checkpoint_id, first.outcome.checkpoint_id);
+    let sent = sent_messages(&second);
+    assert_eq!(sent[0], messages[0], "the system message stays first");
+    assert!(sent[1]["content"]
+        .as_str()
+        .unwrap()
+        .contains("summary number 1"));
+    assert_eq!(sent.last().unwrap(), messages.last().unwrap());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failing_summarizer_never_loses_the_request() {
+    let setup = setup(Behaviour::Fail, |_, _| {});
+    let messages = session(40);
+    let prepared = prepare(&setup, &messages).await;
+    assert_eq!(
+        prepared.outcome.status,
+        Some(Status::Failed {
+            reason: "summarizer-error".into(),
+            fallback: "dropped-oldest",
+        })
+    );
+    let sent = sent_messages(&prepared);
+    assert_eq!(sent[0], messages[0]);
+    assert_eq!(sent.last().unwrap(), messages.last().unwrap());
+    assert!(sent[1]["content"]
+        .as_str()
+        .unwrap()
+        .contains("[Context trimmed]"));
+    assert_eq!(
+        checkpoints(&setup).await,
+        0,
+        "a failed summary is never stored"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hanging_summarizer_times_out_and_the_request_is_served() {
+    let setup = setup(Behaviour::Hang, |c, _| c.summary_timeout_ms = 20_000);
+    let started = tokio::time::Instant::now();
+    let prepared = prepare(&setup, &session(40)).await;
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_secs(20) && waited < Duration::from_secs(21),
+        "{waited:?}"
+    );
+    assert!(matches!(
+        prepared.outcome.status,
+        Some(Status::Failed { ref reason, .. }) if reason == "summarizer-timeout"
+    ));
+    assert!(
+        prepared.outcome.compacted,
+        "served with its oldest turns dropped"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn compactions_that_free_nothing_stop_being_tried() {
+    let setup = setup(Behaviour::Bloated, |c, _| {
+        c.max_unproductive_compactions = 3
+    });
+    let messages = session(40);
+    for _ in 0..3 {
+        let prepared = prepare(&setup, &messages).await;
+        assert!(
+            matches!(
+                prepared.outcome.status,
+                Some(Status::Failed { ref reason, .. }) if reason == "no-reduction"
+            ),
+            "{:?}",
+            prepared.outcome.status
+        );
+    }
+    assert_eq!(setup.summarizer.calls(), 3);
+    let prepared = prepare(&setup, &messages).await;
+    assert_eq!(
+        prepared.outcome.status,
+        Some(Status::Skipped("no-progress"))
+    );
+    assert_eq!(
+        setup.summarizer.calls(),
+        3,
+        "the guard stops calling the summarizer"
+    );
+    // Asking explicitly still compacts.
+    let forced = RequestContext {
+        mode: Mode::Force,
+        ..context()
+    };
+    *setup.summarizer.behaviour.lock().unwrap() = Behaviour::Answer {
+        delay: Duration::ZERO,
+    };
+    let prepared = setup
+        .engine
+        .prepare(&forced, &request(&messages), None)
+        .await
+        .unwrap();
+    assert!(prepared.outcome.summarized);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_summary_prepared_ahead_of_time_serves_the_crossing_request() {
+    let setup = setup(
+        Behaviour::Answer {
+            delay: Duration::from_secs(3),
+        },
+        |c, _| {
+            c.ahead_of_time = true;
+            c.soft_threshold = 0.5;
+        },
+    );
+    // Past the soft threshold, still fitting: sent as is, a summary starts in the background.
+    let mut messages = session(14);
+    let early = prepare(&setup, &messages).await;
+    assert!(!early.outcome.compacted);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(setup.summarizer.calls(), 1);
+    assert_eq!(checkpoints(&setup).await, 1);
+    // Grown past the window: the ready checkpoint is applied without waiting for a summary.
+    for t in 0..8 {
+        messages.push(json!({"role": "assistant", "content": format!("step {t}")}));
+        messages
+            .push(json!({"role": "user", "content": format!("more {t}: {}", "word ".repeat(250))}));
+    }
+    let started = tokio::time::Instant::now();
+    let crossing = prepare(&setup, &messages).await;
+    assert!(crossing.outcome.compacted && crossing.outcome.ready_checkpoint_used);
+    assert!(!crossing.outcome.summarized);
+    assert!(started.elapsed() < Duration::from_secs(1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_span_larger_than_the_summarizer_is_folded_in_chunks_oldest_first() {
+    let setup = setup(
+        Behaviour::Answer {
+            delay: Duration::ZERO,
+        },
+        |_, s| s.window = 3000,
+    );
+    let prepared = prepare(&setup, &session(40)).await;
+    assert!(prepared.outcome.summarized);
+    let prompts = setup.summarizer.prompts.lock().unwrap().clone();
+    assert!(prompts.len() > 2, "{} chunks", prompts.len());
+    assert!(!prompts[0].contains("<previous-summary>"));
+    assert!(prompts[0].contains("turn 0:"));
+    for (i, prompt) in prompts.iter().enumerate().skip(1) {
+        assert!(
+            prompt.contains(&format!(
+                "<previous-summary>\n## Goal\nsummary number {i}\n"
+            )),
+            "chunk {i} folds into the summary of the chunks before it"
+        );
+    }
+    let sent = sent_messages(&prepared);
+    let last = prompts.len();
+    assert!(sent[1]["content"]
+        .as_str()
+        .unwrap()
+        .contains(&format!("summary number {last}")));
+}
