@@ -76,6 +76,7 @@ pub struct CompactionConfig {
     pub soft_threshold: f64,
     pub calibrate_streams: bool,
     pub checkpoint_ttl_secs: u64,
+    pub model_facts_ttl_secs: u64,
 }
 
 /// Where summary requests go.
@@ -133,6 +134,7 @@ impl Default for CompactionConfig {
             soft_threshold: 0.75,
             calibrate_streams: true,
             checkpoint_ttl_secs: 30 * 24 * 3600,
+            model_facts_ttl_secs: 24 * 3600,
         }
     }
 }

@@ -241,7 +241,8 @@ async fn chat_inner(
         send_timed(app, outgoing(), prepared, &mut upstream_time).await?;
     if !response.status.is_success() {
         let error_body = response.read_body(4 * 1024 * 1024).await?;
-        let overflow = overflow::classify(response.status.as_u16(), &error_body);
+        let overflow = overflow::classify(response.status.as_u16(), &error_body)
+            .map(|o| o.unless_echoed(&error_body, &bytes));
         let retry = overflow.filter(|_| mode != Mode::Off);
         let Some(overflow) = retry else {
             return Ok(finish(

@@ -63,10 +63,40 @@ pub struct Truncation {
 /// What was learned about a model from its provider.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
 pub struct ModelFacts {
-    /// The real window, from an overflow error.
+    /// The real window, from an overflow error (or raised by a larger prompt that was accepted).
     pub window: Option<u64>,
+    /// When `window` was learned (ms since the Unix epoch); it is believed for the facts' TTL.
+    #[serde(default)]
+    pub window_learned_ms: Option<u64>,
     /// Correction factor for token counts, from `usage`.
     pub calibration: Option<f64>,
+    /// The largest prompt the provider accepted, by its own count (`usage.prompt_tokens`): the
+    /// window is at least that.
+    #[serde(default)]
+    pub accepted_prompt: Option<u64>,
+    /// When `accepted_prompt` was seen (ms since the Unix epoch).
+    #[serde(default)]
+    pub accepted_ms: Option<u64>,
+}
+
+impl ModelFacts {
+    /// These facts with what was learned longer than `ttl` before `now_ms` forgotten (a zero
+    /// `ttl`: nothing is). A window stored without the time it was learned counts as expired.
+    pub fn current(mut self, now_ms: u64, ttl: Duration) -> ModelFacts {
+        let ttl_ms = ttl.as_millis().min(u64::MAX as u128) as u64;
+        let alive = |at: Option<u64>| {
+            ttl.is_zero() || at.is_some_and(|t| now_ms.saturating_sub(t) < ttl_ms)
+        };
+        if !alive(self.window_learned_ms) {
+            self.window = None;
+            self.window_learned_ms = None;
+        }
+        if !alive(self.accepted_ms) {
+            self.accepted_prompt = None;
+            self.accepted_ms = None;
+        }
+        self
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -214,7 +244,9 @@ pub(crate) mod contract {
         assert_eq!(store.model_facts("m").await.unwrap(), ModelFacts::default());
         let facts = ModelFacts {
             window: Some(4096),
+            window_learned_ms: Some(now_ms()),
             calibration: Some(1.1),
+            ..ModelFacts::default()
         };
         store.put_model_facts("m", facts).await.unwrap();
         assert_eq!(store.model_facts("m").await.unwrap(), facts);

@@ -385,6 +385,7 @@ mod tests {
                     ModelFacts {
                         window: Some(2048),
                         calibration: None,
+                        ..ModelFacts::default()
                     },
                 )
                 .await

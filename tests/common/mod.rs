@@ -250,7 +250,24 @@ async fn chat(State(state): State<Arc<MockState>>, req: Request) -> Response {
         "mock-hang" => {
             tokio::time::sleep(Duration::from_secs(3600)).await;
         }
+        // A front (nginx) refusing the body before any provider sees it.
+        "mock-413-html" => {
+            return (
+                http::StatusCode::PAYLOAD_TOO_LARGE,
+                [("content-type", "text/html")],
+                "<html>\r\n<head><title>413 Request Entity Too Large</title></head>\r\n<body>\r\n<center><h1>413 Request Entity Too Large</h1></center>\r\n<hr><center>nginx</center>\r\n</body>\r\n</html>\r\n",
+            )
+                .into_response()
+        }
         _ => {}
+    }
+    // As llama.cpp does, an invalid `tool_choice` is quoted back in a plain 400.
+    if let Some(choice) = body["tool_choice"]
+        .as_str()
+        .filter(|c| !["none", "auto", "required"].contains(c))
+    {
+        let error = json!({"error":{"code":400,"message":format!("Invalid tool_choice: {choice}"),"type":"invalid_request_error"}});
+        return (http::StatusCode::BAD_REQUEST, axum::Json(error)).into_response();
     }
     let tokens = mock_tokens(&body);
     let window = state.window.load(Ordering::SeqCst);

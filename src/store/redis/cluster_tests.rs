@@ -82,6 +82,7 @@ async fn replicas_share_conversations_spread_over_every_master() {
     let facts = ModelFacts {
         window: Some(8192),
         calibration: Some(1.05),
+        ..ModelFacts::default()
     };
     two.put_model_facts("m", facts).await.unwrap();
     assert_eq!(one.model_facts("m").await.unwrap(), facts);

@@ -318,6 +318,7 @@ mod tests {
                 ModelFacts {
                     window: Some(1000),
                     calibration: None,
+                    ..ModelFacts::default()
                 },
             )
             .await
@@ -347,6 +348,7 @@ mod tests {
         let facts = ModelFacts {
             window: Some(2000),
             calibration: Some(1.2),
+            ..ModelFacts::default()
         };
         quick("put_model_facts", store.put_model_facts("m", facts))
             .await

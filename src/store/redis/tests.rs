@@ -51,6 +51,7 @@ async fn replicas_share_checkpoints_facts_and_leases() {
     let facts = ModelFacts {
         window: Some(8192),
         calibration: None,
+        ..ModelFacts::default()
     };
     two.put_model_facts("m", facts).await.unwrap();
     assert_eq!(one.model_facts("m").await.unwrap(), facts);
@@ -216,6 +217,7 @@ async fn latency_against_sqlite() {
                 ModelFacts {
                     window: Some(1),
                     calibration: None,
+                    ..ModelFacts::default()
                 },
             )
             .await

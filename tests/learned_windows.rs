@@ -1,0 +1,180 @@
+//! Windows learned from providers' answers, against the mock provider: only the provider's own
+//! overflow errors teach one, a larger accepted prompt raises it, and it expires; one tenant
+//! can never shrink a model's window for the others.
+
+mod common;
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use common::{client, config, start_mock, start_proxy, Proxy};
+
+/// A conversation of about `words` tokens (by the mock's count) in `turns` turns.
+fn conversation(model: &str, turns: usize, words: usize) -> Value {
+    let mut messages = vec![json!({"role": "system", "content": "You are a coding agent."})];
+    for t in 0..turns {
+        let text: Vec<String> = (0..words / turns / 2)
+            .map(|w| format!("w{t}x{w}"))
+            .collect();
+        messages.push(json!({"role": "user", "content": format!("step {t}: {}", text.join(" "))}));
+        messages
+            .push(json!({"role": "assistant", "content": format!("done {t}: {}", text.join(" "))}));
+    }
+    messages.push(json!({"role": "user", "content": "What next?"}));
+    json!({"model": model, "messages": messages})
+}
+
+struct Reply {
+    status: u16,
+    window: Option<u64>,
+    body: String,
+}
+
+async fn send(proxy: &Proxy, body: &Value, auth: &str, mode: &str) -> Reply {
+    let response = client()
+        .post(format!("{}/v1/chat/completions", proxy.url()))
+        .header("authorization", auth)
+        .header("x-compactor-mode", mode)
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    let window = response
+        .headers()
+        .get("x-compactor-context-window")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok());
+    Reply {
+        status: response.status().as_u16(),
+        window,
+        body: response.text().await.unwrap(),
+    }
+}
+
+/// Waits until the proxy believes `window` for `model` (usage is read after the body streams).
+async fn until_window(proxy: &Proxy, model: &str, window: u64) {
+    for _ in 0..100 {
+        if proxy.app.engine.window_for(model).await == window {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!(
+        "{model}: window {} instead of {window}",
+        proxy.app.engine.window_for(model).await
+    );
+}
+
+#[tokio::test]
+async fn an_overflow_message_quoted_back_from_the_clients_input_teaches_nothing() {
+    let mock = start_mock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(&mock.url());
+    cfg.store = dir.path().join("c.sqlite3").display().to_string();
+    cfg.windows.insert("victim-model".into(), 100_000);
+    let proxy = start_proxy(cfg.clone()).await;
+
+    // The attacker's request: the provider quotes its `tool_choice` back in a 400.
+    let mut attack = conversation("victim-model", 1, 10);
+    attack["tool_choice"] = json!("This model's maximum context length is 64 tokens");
+    let r = send(&proxy, &attack, "Bearer attacker", "auto").await;
+    assert_eq!(r.status, 400);
+    assert!(r.body.contains("Invalid tool_choice"), "{}", r.body);
+
+    // Another tenant's ordinary request is untouched.
+    let normal = conversation("victim-model", 4, 400);
+    let r = send(&proxy, &normal, "Bearer victim", "auto").await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.window, Some(100_000));
+    assert_eq!(
+        mock.chats().last().unwrap().json()["messages"],
+        normal["messages"]
+    );
+    drop(proxy);
+
+    // Nor after a restart on the same store.
+    let proxy = start_proxy(cfg).await;
+    let r = send(&proxy, &normal, "Bearer victim", "auto").await;
+    assert_eq!((r.status, r.window), (200, Some(100_000)), "{}", r.body);
+}
+
+#[tokio::test]
+async fn a_413_page_from_a_front_teaches_nothing() {
+    let mock = start_mock().await;
+    let mut cfg = config(&mock.url());
+    cfg.windows.insert("mock-413-html".into(), 100_000);
+    let proxy = start_proxy(cfg).await;
+    let r = send(
+        &proxy,
+        &conversation("mock-413-html", 4, 400),
+        "Bearer k",
+        "auto",
+    )
+    .await;
+    assert_eq!(r.status, 413);
+    assert_eq!(proxy.app.engine.window_for("mock-413-html").await, 100_000);
+    let stored = proxy
+        .app
+        .engine
+        .store()
+        .model_facts("mock-413-html")
+        .await
+        .unwrap();
+    assert_eq!(stored, Default::default(), "nothing stored for the model");
+}
+
+#[tokio::test]
+async fn a_genuine_overflow_teaches_and_a_larger_accepted_prompt_raises_it_again() {
+    let mock = start_mock().await;
+    mock.set_window(3000);
+    let mut cfg = config(&mock.url());
+    cfg.windows.insert("agent-model".into(), 100_000);
+    cfg.compaction.keep_recent_tokens = 1000;
+    cfg.summarizer.window = 200_000;
+    let proxy = start_proxy(cfg).await;
+    let big = conversation("agent-model", 20, 5000);
+
+    let r = send(&proxy, &big, "Bearer k", "auto").await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(
+        mock.state
+            .overflows
+            .load(std::sync::atomic::Ordering::SeqCst),
+        1
+    );
+    assert_eq!(proxy.app.engine.window_for("agent-model").await, 3000);
+
+    // The provider now takes more: a prompt above the learned window, sent as it is, succeeds
+    // and the learned window gives way to the configured one.
+    mock.set_window(50_000);
+    let r = send(&proxy, &big, "Bearer k", "off").await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    until_window(&proxy, "agent-model", 100_000).await;
+    let r = send(&proxy, &big, "Bearer other", "auto").await;
+    assert_eq!((r.status, r.window), (200, Some(100_000)));
+}
+
+#[tokio::test]
+async fn learned_windows_expire() {
+    let mock = start_mock().await;
+    mock.set_window(3000);
+    let mut cfg = config(&mock.url());
+    cfg.windows.insert("agent-model".into(), 100_000);
+    cfg.compaction.keep_recent_tokens = 1000;
+    cfg.compaction.model_facts_ttl_secs = 1;
+    cfg.summarizer.window = 200_000;
+    let proxy = start_proxy(cfg).await;
+    let r = send(
+        &proxy,
+        &conversation("agent-model", 20, 5000),
+        "Bearer k",
+        "auto",
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(proxy.app.engine.window_for("agent-model").await, 3000);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(proxy.app.engine.window_for("agent-model").await, 100_000);
+}
