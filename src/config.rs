@@ -77,6 +77,7 @@ pub struct CompactionConfig {
     pub calibrate_streams: bool,
     pub checkpoint_ttl_secs: u64,
     pub model_facts_ttl_secs: u64,
+    pub model_facts_cache_size: usize,
 }
 
 /// Where summary requests go.
@@ -135,6 +136,7 @@ impl Default for CompactionConfig {
             calibrate_streams: true,
             checkpoint_ttl_secs: 30 * 24 * 3600,
             model_facts_ttl_secs: 24 * 3600,
+            model_facts_cache_size: 4096,
         }
     }
 }

@@ -56,7 +56,15 @@ impl Engine {
         }
     }
 
-    async fn save_facts(&self, model: &str, facts: ModelFacts) {
+    /// Models whose facts are in memory now (at most `model_facts_cache_size`).
+    pub fn cached_models(&self) -> usize {
+        self.facts.len()
+    }
+
+    async fn save_facts(&self, model: &str, mut facts: ModelFacts) {
+        let ttl = self.facts_ttl();
+        facts.expires_ms = (!ttl.is_zero())
+            .then(|| now_ms().saturating_add(ttl.as_millis().min(u64::MAX as u128) as u64));
         self.facts
             .insert(model.to_string(), (facts, Instant::now()));
         if let Err(e) = self.store.put_model_facts(model, facts).await {

@@ -176,8 +176,8 @@ pub struct Engine {
     windows: WindowTable,
     summary_writer: Arc<dyn Summarizer>,
     metrics: Arc<Metrics>,
-    /// Learned model facts, read through to the store.
-    facts: DashMap<String, (ModelFacts, Instant)>,
+    /// Learned model facts, read through to the store (bounded: model names are the client's).
+    facts: quick_cache::sync::Cache<String, (ModelFacts, Instant)>,
     /// Compactions in a row per conversation that freed nothing.
     unproductive: DashMap<Hash, u32>,
     /// Background summaries running, by conversation anchor.
@@ -206,6 +206,7 @@ impl Engine {
         summary_writer: Arc<dyn Summarizer>,
         metrics: Arc<Metrics>,
     ) -> Engine {
+        let facts = quick_cache::sync::Cache::new(config.model_facts_cache_size.max(1));
         Engine {
             config,
             summarizer,
@@ -214,7 +215,7 @@ impl Engine {
             windows,
             summary_writer,
             metrics,
-            facts: DashMap::new(),
+            facts,
             unproductive: DashMap::new(),
             background: DashMap::new(),
             summary_tokens: quick_cache::sync::Cache::new(10_000),

@@ -4,19 +4,34 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::lease::LeaseTable;
-use super::{insert_newest_first, Checkpoint, CheckpointStore, ModelFacts, StoreError};
+use quick_cache::sync::Cache;
 
-#[derive(Default)]
+use super::lease::LeaseTable;
+use super::{
+    insert_newest_first, now_ms, Checkpoint, CheckpointStore, ModelFacts, StoreError,
+    MODEL_FACTS_IN_MEMORY,
+};
+
 pub struct MemoryStore {
     inner: Mutex<Inner>,
+    /// Bounded: it is also the Redis store's local copy, which lives as long as the process.
+    models: Cache<String, ModelFacts>,
     leases: LeaseTable,
+}
+
+impl Default for MemoryStore {
+    fn default() -> MemoryStore {
+        MemoryStore {
+            inner: Mutex::default(),
+            models: Cache::new(MODEL_FACTS_IN_MEMORY),
+            leases: LeaseTable::default(),
+        }
+    }
 }
 
 #[derive(Default)]
 struct Inner {
     by_anchor: HashMap<String, Arc<Vec<Checkpoint>>>,
-    models: HashMap<String, ModelFacts>,
 }
 
 impl MemoryStore {
@@ -60,11 +75,15 @@ impl CheckpointStore for MemoryStore {
     }
 
     async fn model_facts(&self, model: &str) -> Result<ModelFacts, StoreError> {
-        Ok(self.lock().models.get(model).copied().unwrap_or_default())
+        Ok(self
+            .models
+            .get(model)
+            .filter(|f| !f.is_expired(now_ms()))
+            .unwrap_or_default())
     }
 
     async fn put_model_facts(&self, model: &str, facts: ModelFacts) -> Result<(), StoreError> {
-        self.lock().models.insert(model.to_string(), facts);
+        self.models.insert(model.to_string(), facts);
         Ok(())
     }
 

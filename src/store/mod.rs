@@ -4,6 +4,9 @@
 //! [`sqlite`] is the embedded default that survives restarts, and [`redis`] is shared by the
 //! replicas of a team gateway. Checkpoints are looked up by conversation anchor, which is already
 //! seeded with the tenant, so a store never needs to filter by tenant to stay isolated.
+//! Model facts are keyed by a name the client chooses, so every store bounds what it holds of
+//! them in memory (`MODEL_FACTS_IN_MEMORY`) and forgets them when they lapse
+//! ([`ModelFacts::expires_ms`]).
 
 mod lease;
 pub mod memory;
@@ -15,6 +18,10 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
+
+/// Models whose facts a store keeps in memory; beyond this the least recently used are dropped
+/// from memory (not from the store). Client-chosen model names must not grow memory unbounded.
+pub(crate) const MODEL_FACTS_IN_MEMORY: usize = 4096;
 
 /// How many checkpoints are kept per conversation; older ones can no longer be the newest match
 /// of a growing conversation.
@@ -77,9 +84,18 @@ pub struct ModelFacts {
     /// When `accepted_prompt` was seen (ms since the Unix epoch).
     #[serde(default)]
     pub accepted_ms: Option<u64>,
+    /// When the stored record lapses (ms since the Unix epoch; `None`: never). Set when it is
+    /// saved; stores forget it after that (SQLite prunes the row, Redis expires the key).
+    #[serde(default)]
+    pub expires_ms: Option<u64>,
 }
 
 impl ModelFacts {
+    /// Whether the stored record has lapsed at `now_ms`.
+    pub fn is_expired(&self, now_ms: u64) -> bool {
+        self.expires_ms.is_some_and(|e| e <= now_ms)
+    }
+
     /// These facts with what was learned longer than `ttl` before `now_ms` forgotten (a zero
     /// `ttl`: nothing is). A window stored without the time it was learned counts as expired.
     pub fn current(mut self, now_ms: u64, ttl: Duration) -> ModelFacts {
@@ -250,6 +266,16 @@ pub(crate) mod contract {
         };
         store.put_model_facts("m", facts).await.unwrap();
         assert_eq!(store.model_facts("m").await.unwrap(), facts);
+        let lapsed = ModelFacts {
+            expires_ms: Some(now_ms() - 1),
+            ..facts
+        };
+        store.put_model_facts("m", lapsed).await.unwrap();
+        assert_eq!(
+            store.model_facts("m").await.unwrap(),
+            ModelFacts::default(),
+            "lapsed facts are forgotten"
+        );
 
         let ttl = Duration::from_millis(300);
         assert!(store.try_lease("k", "one", ttl).await.unwrap());

@@ -121,7 +121,13 @@ impl Shared {
         let body = serde_json::to_string(&facts).map_err(|e| {
             RedisError::from((redis::ErrorKind::TypeError, "facts encoding", e.to_string()))
         })?;
-        manager.set(model_key(model), body).await
+        match facts.expires_ms {
+            None => manager.set(model_key(model), body).await,
+            Some(expires) => match expires.saturating_sub(super::now_ms()) {
+                0 => manager.del(model_key(model)).await,
+                ms => manager.pset_ex(model_key(model), body, ms).await,
+            },
+        }
     }
 }
 
@@ -247,6 +253,9 @@ impl CheckpointStore for RedisStore {
         match body {
             Some(Some(body)) => {
                 let facts: ModelFacts = serde_json::from_str(&body).map_err(corrupt)?;
+                if facts.is_expired(super::now_ms()) {
+                    return Ok(ModelFacts::default());
+                }
                 s.local.put_model_facts(model, facts).await?;
                 Ok(facts)
             }

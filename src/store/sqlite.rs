@@ -10,7 +10,6 @@
 //! A database file removed while the proxy runs is noticed and written again from the open
 //! connection (see [`super::sqlite_file`]).
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -20,10 +19,10 @@ use quick_cache::sync::Cache;
 use rusqlite::{params, OptionalExtension};
 
 use super::lease::LeaseTable;
-use super::sqlite_file::{unavailable, Database, Write};
+use super::sqlite_file::{prune_facts, unavailable, Database, Write, NEVER};
 use super::{
     expiry_cutoff, insert_newest_first, is_fresh, now_ms, Checkpoint, CheckpointStore, ModelFacts,
-    StoreError, CHECKPOINTS_PER_CONVERSATION,
+    StoreError, CHECKPOINTS_PER_CONVERSATION, MODEL_FACTS_IN_MEMORY,
 };
 
 /// Writes kept in memory while the file cannot take them (the oldest are dropped beyond this).
@@ -34,7 +33,8 @@ const HEALTH_CHECK_INTERVAL_MS: u64 = 1_000;
 pub struct SqliteStore {
     database: Arc<Mutex<Database>>,
     conversations: Cache<String, Arc<Vec<Checkpoint>>>,
-    models: Mutex<HashMap<String, ModelFacts>>,
+    /// Facts read or written recently (bounded: model names are the client's choice).
+    models: Cache<String, ModelFacts>,
     leases: LeaseTable,
     ttl: Duration,
     health: Arc<Health>,
@@ -110,6 +110,7 @@ impl SqliteStore {
     /// (zero: keep forever).
     pub fn open(path: &Path, ttl: Duration) -> Result<SqliteStore, StoreError> {
         let database = Database::open(path)?;
+        prune_facts(database.connection()).map_err(unavailable)?;
         if let Some(cutoff) = expiry_cutoff(ttl) {
             database
                 .connection()
@@ -122,7 +123,7 @@ impl SqliteStore {
         Ok(SqliteStore {
             database: Arc::new(Mutex::new(database)),
             conversations: Cache::new(10_000),
-            models: Mutex::new(HashMap::new()),
+            models: Cache::new(MODEL_FACTS_IN_MEMORY),
             leases: LeaseTable::default(),
             ttl,
             health: Arc::new(Health::default()),
@@ -254,46 +255,44 @@ impl CheckpointStore for SqliteStore {
     }
 
     async fn model_facts(&self, model: &str) -> Result<ModelFacts, StoreError> {
-        if let Some(f) = self
-            .models
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(model)
-        {
-            return Ok(*f);
+        let now = now_ms();
+        if let Some(facts) = self.models.get(model) {
+            return Ok(Some(facts)
+                .filter(|f| !f.is_expired(now))
+                .unwrap_or_default());
         }
         let key = model.to_string();
         let body = self
             .read(move |c| {
                 c.query_row(
-                    "SELECT body FROM model_facts WHERE model = ?1",
-                    params![key],
+                    "SELECT body FROM model_facts WHERE model = ?1 AND expires_ms > ?2",
+                    params![key, now as i64],
                     |r| r.get::<_, String>(0),
                 )
                 .optional()
                 .map_err(unavailable)
             })
             .await?;
-        let facts: ModelFacts = match body {
-            Some(b) => serde_json::from_str(&b).map_err(|e| StoreError::Corrupt(e.to_string()))?,
-            None => ModelFacts::default(),
+        // Only what is stored is remembered: unknown names leave nothing behind.
+        let Some(body) = body else {
+            return Ok(ModelFacts::default());
         };
-        self.models
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(model.to_string(), facts);
+        let facts: ModelFacts =
+            serde_json::from_str(&body).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        self.models.insert(model.to_string(), facts);
         Ok(facts)
     }
 
     async fn put_model_facts(&self, model: &str, facts: ModelFacts) -> Result<(), StoreError> {
-        self.models
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(model.to_string(), facts);
+        self.models.insert(model.to_string(), facts);
         let body = serde_json::to_string(&facts).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        let expires_ms = facts
+            .expires_ms
+            .map_or(NEVER, |e| e.min(NEVER as u64) as i64);
         self.write(Write::ModelFacts {
             model: model.to_string(),
             body,
+            expires_ms,
         })
         .await;
         Ok(())

@@ -56,11 +56,16 @@ pub(crate) enum Write {
         body: String,
         keep: Vec<String>,
     },
+    /// A model's facts, kept until `expires_ms` (ms since the Unix epoch).
     ModelFacts {
         model: String,
         body: String,
+        expires_ms: i64,
     },
 }
+
+/// `expires_ms` of facts that never lapse.
+pub(crate) const NEVER: i64 = i64::MAX;
 
 /// The open database and the file it was opened on.
 pub(crate) struct Database {
@@ -92,6 +97,8 @@ impl Database {
                  CREATE INDEX IF NOT EXISTS checkpoints_by_anchor ON checkpoints (anchor, covered DESC, created_ms DESC);
                  CREATE TABLE IF NOT EXISTS model_facts (model TEXT PRIMARY KEY, body TEXT NOT NULL);",
             )
+            .map_err(|e| unavailable(format!("{}: {e}", path.display())))?;
+        add_facts_expiry(&connection)
             .map_err(|e| unavailable(format!("{}: {e}", path.display())))?;
         Ok(Database {
             path: path.to_path_buf(),
@@ -154,15 +161,100 @@ impl Database {
                     values.extend(keep.iter().map(|k| k as &dyn rusqlite::ToSql));
                     tx.execute(&sql, values.as_slice()).map_err(unavailable)?;
                 }
-                Write::ModelFacts { model, body } => {
+                Write::ModelFacts {
+                    model,
+                    body,
+                    expires_ms,
+                } => {
                     tx.execute(
-                        "INSERT OR REPLACE INTO model_facts (model, body) VALUES (?1, ?2)",
-                        params![model, body],
+                        "INSERT OR REPLACE INTO model_facts (model, body, expires_ms) VALUES (?1, ?2, ?3)",
+                        params![model, body, expires_ms],
                     )
                     .map_err(unavailable)?;
                 }
             }
         }
+        if writes.iter().any(|w| matches!(w, Write::ModelFacts { .. })) {
+            prune_facts(&tx).map_err(unavailable)?;
+        }
         tx.commit().map_err(unavailable)
+    }
+}
+
+/// Gives `model_facts` its expiry column (files of earlier versions lack it). Their rows get 0,
+/// so they are pruned: they were learned before overflow errors were checked.
+fn add_facts_expiry(connection: &Connection) -> rusqlite::Result<()> {
+    let has_column: bool = connection.query_row(
+        "SELECT COUNT(*) FROM pragma_table_info('model_facts') WHERE name = 'expires_ms'",
+        [],
+        |r| r.get::<_, i64>(0).map(|n| n > 0),
+    )?;
+    if !has_column {
+        connection.execute_batch(
+            "ALTER TABLE model_facts ADD COLUMN expires_ms INTEGER NOT NULL DEFAULT 0;",
+        )?;
+    }
+    connection.execute_batch(
+        "CREATE INDEX IF NOT EXISTS model_facts_by_expiry ON model_facts (expires_ms);",
+    )
+}
+
+/// Deletes the facts that have lapsed.
+pub(crate) fn prune_facts(connection: &Connection) -> rusqlite::Result<usize> {
+    connection.execute(
+        "DELETE FROM model_facts WHERE expires_ms <= ?1",
+        params![super::now_ms() as i64],
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn models(db: &Database) -> Vec<String> {
+        let mut stmt = db
+            .connection()
+            .prepare("SELECT model FROM model_facts ORDER BY model")
+            .unwrap();
+        let rows = stmt.query_map([], |r| r.get(0)).unwrap();
+        rows.collect::<Result<_, _>>().unwrap()
+    }
+
+    fn facts(model: &str, expires_ms: i64) -> Write {
+        Write::ModelFacts {
+            model: model.into(),
+            body: "{}".into(),
+            expires_ms,
+        }
+    }
+
+    #[test]
+    fn facts_of_earlier_files_are_dropped_and_lapsed_facts_pruned() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.db");
+        // A file of an earlier version: facts without an expiry, possibly learned from an echo.
+        Connection::open(&path)
+            .unwrap()
+            .execute_batch(
+                "CREATE TABLE model_facts (model TEXT PRIMARY KEY, body TEXT NOT NULL);
+                 INSERT INTO model_facts VALUES ('old', '{\"window\":64,\"calibration\":null}');",
+            )
+            .unwrap();
+        let mut db = Database::open(&path).unwrap();
+        prune_facts(db.connection()).unwrap();
+        assert!(models(&db).is_empty(), "{:?}", models(&db));
+
+        let now = super::super::now_ms() as i64;
+        db.apply(&[
+            facts("soon", now + 100),
+            facts("later", now + 3_600_000),
+            facts("kept", NEVER),
+        ])
+        .unwrap();
+        assert_eq!(models(&db), ["kept", "later", "soon"]);
+        std::thread::sleep(std::time::Duration::from_millis(150));
+        // The next write of facts prunes what has lapsed.
+        db.apply(&[facts("new", NEVER)]).unwrap();
+        assert_eq!(models(&db), ["kept", "later", "new"]);
     }
 }

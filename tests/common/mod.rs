@@ -250,8 +250,13 @@ async fn chat(State(state): State<Arc<MockState>>, req: Request) -> Response {
         "mock-hang" => {
             tokio::time::sleep(Duration::from_secs(3600)).await;
         }
+        // A provider that does not know the model.
+        m if m.starts_with("mock-404") => {
+            let error = json!({"error":{"message":format!("The model `{m}` does not exist"),"type":"invalid_request_error","param":null,"code":"model_not_found"}});
+            return (http::StatusCode::NOT_FOUND, axum::Json(error)).into_response();
+        }
         // A front (nginx) refusing the body before any provider sees it.
-        "mock-413-html" => {
+        m if m.starts_with("mock-413-html") => {
             return (
                 http::StatusCode::PAYLOAD_TOO_LARGE,
                 [("content-type", "text/html")],

@@ -160,6 +160,13 @@ impl Shared {
         while pending.checkpoints.len() > PENDING_MAX {
             pending.checkpoints.pop_front();
         }
+        // Facts are re-learned cheaply: beyond the bound, any one of them is dropped.
+        while pending.facts.len() > PENDING_MAX {
+            let Some(model) = pending.facts.keys().next().cloned() else {
+                break;
+            };
+            pending.facts.remove(&model);
+        }
         true
     }
 

@@ -7,7 +7,8 @@
 //!   `{created_ms:020}:{id}`, so that trimming to [`CHECKPOINTS_PER_CONVERSATION`] drops the
 //!   lowest `covered` (oldest on ties);
 //! - `compactor:id:<id>`: the anchor of checkpoint `<id>`, to find it by id alone;
-//! - `compactor:model:<model>`: learned [`ModelFacts`] as JSON, no expiry;
+//! - `compactor:model:<model>`: learned [`ModelFacts`] as JSON, expiring when they lapse
+//!   ([`ModelFacts::expires_ms`]);
 //! - `compactor:lease:<key>`: the holder of a lease, with `PX` expiry.
 //!
 //! The `{<anchor>}` hash tag puts a conversation's two keys in one cluster slot, so the script
