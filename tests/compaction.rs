@@ -589,7 +589,7 @@ async fn the_compact_command_runs_the_whole_path_offline() {
 }
 
 #[tokio::test]
-async fn compactions_that_free_nothing_stop_after_three() {
+async fn compactions_that_free_nothing_back_off_after_three() {
     let mock = start_mock().await;
     // Every summary is longer than anything it could replace.
     mock.state
@@ -611,7 +611,8 @@ async fn compactions_that_free_nothing_stop_after_three() {
             assert_eq!(mock.summaries().len(), attempt + 1);
         } else {
             assert!(
-                status.starts_with("skipped; reason=no-progress"),
+                status.starts_with("skipped; reason=backoff; retry_in_ms=")
+                    && status.ends_with("fallback=dropped-oldest"),
                 "{status}"
             );
             assert_eq!(mock.summaries().len(), 3, "no more summary requests");

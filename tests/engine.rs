@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use compactor::compaction::{
-    Engine, Mode, Prepared, RequestContext, Status, Summarizer, SummarizerError,
+    CannotFit, Engine, Mode, Prepared, RequestContext, Status, Summarizer, SummarizerError,
 };
 use compactor::config::{CompactionConfig, SummarizerConfig};
 use compactor::dialect::SummaryRequest;
@@ -31,6 +31,10 @@ enum Behaviour {
     /// Answers a summary longer than anything it replaces.
     Bloated,
     Fail,
+    /// Fails after `delay`.
+    FailAfter {
+        delay: Duration,
+    },
     Hang,
 }
 
@@ -72,6 +76,10 @@ impl Summarizer for Canned {
             }
             Behaviour::Bloated => Ok(format!("## Goal\n{}", "padding ".repeat(40_000))),
             Behaviour::Fail => Err(SummarizerError::Status(500)),
+            Behaviour::FailAfter { delay } => {
+                tokio::time::sleep(delay).await;
+                Err(SummarizerError::Status(503))
+            }
             Behaviour::Hang => std::future::pending().await,
         }
     }
@@ -146,11 +154,18 @@ fn context() -> RequestContext {
 }
 
 async fn prepare(setup: &Setup, messages: &[Value]) -> Prepared {
-    setup
-        .engine
-        .prepare(&context(), &request(messages), None)
+    prepare_as(setup, &context(), &request(messages))
         .await
         .unwrap()
+}
+
+/// Every call to the engine goes through here.
+async fn prepare_as(
+    setup: &Setup,
+    context: &RequestContext,
+    request: &ChatRequest,
+) -> Result<Prepared, CannotFit> {
+    setup.engine.prepare(context, request, None).await
 }
 
 fn sent_messages(prepared: &Prepared) -> Vec<Value> {
@@ -307,9 +322,16 @@ async fn compactions_that_free_nothing_stop_being_tried() {
     }
     assert_eq!(setup.summarizer.calls(), 3);
     let prepared = prepare(&setup, &messages).await;
-    assert_eq!(
-        prepared.outcome.status,
-        Some(Status::Skipped("no-progress"))
+    assert!(
+        matches!(
+            prepared.outcome.status,
+            Some(Status::BackingOff {
+                fallback: "dropped-oldest",
+                ..
+            })
+        ),
+        "{:?}",
+        prepared.outcome.status
     );
     assert_eq!(
         setup.summarizer.calls(),
@@ -324,9 +346,7 @@ async fn compactions_that_free_nothing_stop_being_tried() {
     *setup.summarizer.behaviour.lock().unwrap() = Behaviour::Answer {
         delay: Duration::ZERO,
     };
-    let prepared = setup
-        .engine
-        .prepare(&forced, &request(&messages), None)
+    let prepared = prepare_as(&setup, &forced, &request(&messages))
         .await
         .unwrap();
     assert!(prepared.outcome.summarized);
@@ -391,4 +411,108 @@ async fn a_span_larger_than_the_summarizer_is_folded_in_chunks_oldest_first() {
         .as_str()
         .unwrap()
         .contains(&format!("summary number {last}")));
+}
+
+fn backing_off_for(prepared: &Prepared) -> Option<Duration> {
+    match prepared.outcome.status {
+        Some(Status::BackingOff { retry_in, .. }) => Some(retry_in),
+        _ => None,
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn summaries_resume_after_an_outage_once_the_backoff_has_passed() {
+    let setup = setup(Behaviour::Fail, |c, _| {
+        c.max_unproductive_compactions = 3;
+        c.retry_backoff_base_ms = 60_000;
+        c.retry_backoff_max_ms = 100_000;
+    });
+    let messages = session(40);
+    for _ in 0..3 {
+        let failed = prepare(&setup, &messages).await;
+        assert!(
+            matches!(failed.outcome.status, Some(Status::Failed { .. })),
+            "{:?}",
+            failed.outcome.status
+        );
+    }
+    assert_eq!(setup.summarizer.calls(), 3);
+
+    // Backing off: every request is served without asking the summarizer, and says so.
+    let waiting = prepare(&setup, &messages).await;
+    assert_eq!(backing_off_for(&waiting), Some(Duration::from_secs(60)));
+    assert_eq!(
+        waiting.outcome.status.as_ref().unwrap().header_value(),
+        "skipped; reason=backoff; retry_in_ms=60000; fallback=dropped-oldest"
+    );
+    assert_eq!(sent_messages(&waiting).last(), messages.last());
+    for _ in 0..5 {
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert!(backing_off_for(&prepare(&setup, &messages).await).is_some());
+    }
+    assert_eq!(setup.summarizer.calls(), 3, "no calls while backing off");
+
+    // Once it has passed, one request tries again; it fails, so the next wait doubles, capped.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let retried = prepare(&setup, &messages).await;
+    assert!(matches!(
+        retried.outcome.status,
+        Some(Status::Failed { .. })
+    ));
+    assert_eq!(setup.summarizer.calls(), 4);
+    let waiting = prepare(&setup, &messages).await;
+    assert_eq!(backing_off_for(&waiting), Some(Duration::from_secs(100)));
+    assert_eq!(setup.summarizer.calls(), 4);
+
+    // The summarizer works again: after the backoff the conversation is summarized again.
+    *setup.summarizer.behaviour.lock().unwrap() = Behaviour::Answer {
+        delay: Duration::ZERO,
+    };
+    tokio::time::sleep(Duration::from_secs(100)).await;
+    let summarized = prepare(&setup, &messages).await;
+    assert!(
+        summarized.outcome.summarized && summarized.outcome.status.is_none(),
+        "{:?}",
+        summarized.outcome.status
+    );
+    assert_eq!(setup.summarizer.calls(), 5);
+    assert_eq!(checkpoints(&setup).await, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn requests_arriving_while_a_retry_runs_do_not_call_the_summarizer_too() {
+    let setup = setup(Behaviour::Fail, |c, _| {
+        c.max_unproductive_compactions = 1;
+        c.retry_backoff_base_ms = 60_000;
+    });
+    let messages = session(40);
+    prepare(&setup, &messages).await;
+    assert_eq!(setup.summarizer.calls(), 1);
+    for (outage, summarizer_calls) in [(true, 2), (false, 3)] {
+        tokio::time::sleep(Duration::from_secs(120)).await;
+        *setup.summarizer.behaviour.lock().unwrap() = if outage {
+            Behaviour::FailAfter {
+                delay: Duration::from_secs(5),
+            }
+        } else {
+            Behaviour::Answer {
+                delay: Duration::from_secs(5),
+            }
+        };
+        // The first request after the backoff tries again; those arriving while it does are
+        // served as they are, whether the retry then fails or works.
+        let retry = prepare(&setup, &messages);
+        let others = async {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            futures::future::join_all((0..4).map(|_| prepare(&setup, &messages))).await
+        };
+        let (retried, others) = tokio::join!(retry, others);
+        assert_eq!(retried.outcome.summarized, !outage);
+        assert!(others.iter().all(|p| backing_off_for(p).is_some()));
+        assert_eq!(setup.summarizer.calls(), summarizer_calls);
+    }
+    // The next request uses the new checkpoint.
+    let next = prepare(&setup, &messages).await;
+    assert!(next.outcome.compacted && next.outcome.status.is_none());
+    assert_eq!(setup.summarizer.calls(), 3);
 }

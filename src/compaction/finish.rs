@@ -10,7 +10,7 @@ use crate::measure::{calibration, REPLY_PRIMING};
 use crate::request::Role;
 
 use super::conversation::{Conversation, View};
-use super::{rewrite, Engine, Outcome, Prepared, Status};
+use super::{rewrite, Engine, Outcome, Prepared};
 
 impl Engine {
     /// Stage `rewrite`: the body through `view`'s checkpoint, with the outcome filled in.
@@ -126,8 +126,8 @@ impl Engine {
                 .filter(|m| !m.role.is_instruction())
                 .map(|m| &*m.raw),
         );
-        if let Some(Status::Failed { fallback, .. }) = &mut outcome.status {
-            *fallback = "dropped-oldest";
+        if let Some(status) = &mut outcome.status {
+            status.served_by("dropped-oldest");
         }
         outcome.compacted = true;
         outcome.tokens_after = remaining;

@@ -6,7 +6,7 @@
 //! 2. `measure`: what the request costs as the client sent it;
 //! 3. `stored_checkpoints` / `apply_checkpoint`: the newest stored checkpoint whose prefix
 //!    matches, and whether the request fits through it (or through one prepared ahead of time);
-//! 4. `check_fits_at_all`, then the no-progress guard ([`single_flight`]);
+//! 4. `check_fits_at_all`, then the backoff after failed compactions ([`single_flight`]);
 //! 5. `summarize` ([`summary`]): plan the cut ([`plan`]), write the summary once per
 //!    conversation across replicas ([`single_flight`]), store the checkpoint;
 //! 6. `rewrite` ([`finish`]): the body through the checkpoint ([`rewrite`]), or a marked
@@ -84,8 +84,13 @@ pub struct RequestContext {
 /// Why a compaction did not happen or did not work; shown in `x-compactor-compaction`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Status {
-    /// Compaction would have been needed but was skipped.
-    Skipped(&'static str),
+    /// Compaction was needed but not tried: this conversation's last compactions failed or freed
+    /// nothing, and the next attempt waits until `retry_in` has passed. The request went out via
+    /// `fallback`.
+    BackingOff {
+        retry_in: Duration,
+        fallback: &'static str,
+    },
     /// Compaction was attempted and failed; the request went out via `fallback`.
     Failed {
         reason: String,
@@ -96,9 +101,21 @@ pub enum Status {
 impl Status {
     pub fn header_value(&self) -> String {
         match self {
-            Status::Skipped(reason) => format!("skipped; reason={reason}"),
+            Status::BackingOff { retry_in, fallback } => format!(
+                "skipped; reason=backoff; retry_in_ms={}; fallback={fallback}",
+                retry_in.as_millis()
+            ),
             Status::Failed { reason, fallback } => {
                 format!("failed; reason={reason}; fallback={fallback}")
+            }
+        }
+    }
+
+    /// Records how the request was served instead.
+    fn served_by(&mut self, how: &'static str) {
+        match self {
+            Status::BackingOff { fallback, .. } | Status::Failed { fallback, .. } => {
+                *fallback = how
             }
         }
     }
@@ -178,8 +195,8 @@ pub struct Engine {
     metrics: Arc<Metrics>,
     /// Learned model facts, read through to the store (bounded: model names are the client's).
     facts: quick_cache::sync::Cache<String, (ModelFacts, Instant)>,
-    /// Compactions in a row per conversation that freed nothing.
-    unproductive: DashMap<Hash, u32>,
+    /// Compactions in a row that failed or freed nothing, per conversation, and its backoff.
+    unproductive: DashMap<Hash, single_flight::Unproductive>,
     /// Background summaries running, by conversation anchor.
     background: DashMap<Hash, ()>,
     /// Token counts of summary messages, by encoding and checkpoint id.
@@ -258,8 +275,8 @@ impl Engine {
                 Applied::OverLimit(view) => view,
             };
         self.check_fits_at_all(&conversation)?;
-        if context.mode != Mode::Force && self.is_stuck(conversation.anchor) {
-            outcome.status = Some(Status::Skipped("no-progress"));
+        if let Some(status) = self.backing_off(context, conversation.anchor) {
+            outcome.status = Some(status);
             return Ok(self.fallback(&conversation, &view, outcome));
         }
         Ok(self

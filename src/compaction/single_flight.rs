@@ -1,7 +1,7 @@
 //! One summary per conversation at a time, across replicas: a lease in the store names the job
 //! (replica, attempt, the prefix it summarizes); others wait for its checkpoint when it covers a
-//! prefix of theirs. Also the no-progress guard, which stops compacting conversations whose
-//! compactions free nothing.
+//! prefix of theirs. Also the backoff guard, which stops compacting, for a while that grows with
+//! each further failure, conversations whose compactions fail or free nothing.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -13,7 +13,7 @@ use crate::identity::{self, Hash};
 use crate::store::Checkpoint;
 
 use super::conversation::{matches_prefix, Conversation};
-use super::{Engine, Mode, RequestContext, SummaryError};
+use super::{Engine, Mode, RequestContext, Status, SummaryError};
 
 /// How often a request waiting for another's summary looks for the result.
 const WAIT_POLL: Duration = Duration::from_millis(40);
@@ -127,21 +127,74 @@ impl Engine {
         }
     }
 
-    /// The no-progress guard: compactions in a row that freed nothing stop being tried.
-    pub(super) fn is_stuck(&self, anchor: Option<Hash>) -> bool {
-        anchor
-            .and_then(|a| self.unproductive.get(&a).map(|n| *n))
-            .is_some_and(|n| n >= self.config.max_unproductive_compactions)
+    /// The backoff guard: after `max_unproductive_compactions` compactions in a row that failed
+    /// or freed nothing, a conversation is served without a new summary until its backoff has
+    /// passed. The first request after that is let through to try again; requests arriving
+    /// while it tries are still served without a summary, so a summarizer that is down sees one
+    /// attempt per backoff, not one per request. Asking explicitly (`force`) always tries.
+    pub(super) fn backing_off(
+        &self,
+        context: &RequestContext,
+        anchor: Option<Hash>,
+    ) -> Option<Status> {
+        if context.mode == Mode::Force {
+            return None;
+        }
+        let mut state = self.unproductive.get_mut(&anchor?)?;
+        if state.in_a_row < self.config.max_unproductive_compactions {
+            return None;
+        }
+        let now = Instant::now();
+        if now >= state.retry_at {
+            // This request tries again. Should it never report back (its client went away),
+            // the next one may try once the attempt would have timed out.
+            state.retry_at = later(now, Duration::from_millis(self.config.summary_timeout_ms));
+            return None;
+        }
+        Some(Status::BackingOff {
+            retry_in: state.retry_at - now,
+            fallback: "original",
+        })
     }
 
     pub(super) fn note_progress(&self, anchor: Option<Hash>, productive: bool) {
         let Some(anchor) = anchor else { return };
         if productive {
             self.unproductive.remove(&anchor);
-        } else {
-            *self.unproductive.entry(anchor).or_insert(0) += 1;
+            return;
         }
+        let now = Instant::now();
+        let mut state = self.unproductive.entry(anchor).or_insert(Unproductive {
+            in_a_row: 0,
+            retry_at: now,
+        });
+        state.in_a_row = state.in_a_row.saturating_add(1);
+        let beyond = state
+            .in_a_row
+            .saturating_sub(self.config.max_unproductive_compactions);
+        state.retry_at = later(now, self.backoff(beyond));
     }
+
+    /// The wait before the next attempt after `beyond` failures past the allowed number:
+    /// the base, doubled for each, capped.
+    fn backoff(&self, beyond: u32) -> Duration {
+        let base = self.config.retry_backoff_base_ms;
+        let wait = base.saturating_mul(1u64.checked_shl(beyond).unwrap_or(u64::MAX));
+        Duration::from_millis(wait.min(self.config.retry_backoff_max_ms))
+    }
+}
+
+/// `now + wait`, or a year from now when a configured wait is too long for the clock.
+fn later(now: Instant, wait: Duration) -> Instant {
+    now.checked_add(wait)
+        .unwrap_or_else(|| now + Duration::from_secs(365 * 24 * 3600))
+}
+
+/// A conversation's compactions in a row that failed or freed nothing, and when the next may
+/// be tried once there were too many.
+pub(super) struct Unproductive {
+    in_a_row: u32,
+    retry_at: Instant,
 }
 
 #[cfg(test)]
