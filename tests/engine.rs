@@ -516,3 +516,38 @@ async fn requests_arriving_while_a_retry_runs_do_not_call_the_summarizer_too() {
     assert!(next.outcome.compacted && next.outcome.status.is_none());
     assert_eq!(setup.summarizer.calls(), 3);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_client_that_gives_up_mid_summary_does_not_stall_its_conversation() {
+    let setup = setup(
+        Behaviour::Answer {
+            delay: Duration::from_secs(10),
+        },
+        |c, _| c.summary_timeout_ms = 120_000,
+    );
+    let messages = session(40);
+    // The first client gives up (drops its request) 2 s into the summary.
+    let gave_up = tokio::time::timeout(Duration::from_secs(2), prepare(&setup, &messages)).await;
+    assert!(gave_up.is_err());
+    assert_eq!(setup.summarizer.calls(), 1);
+    // The next request of the conversation gets that summary once it is written, 8 s later.
+    let started = tokio::time::Instant::now();
+    let next = prepare(&setup, &messages).await;
+    let waited = started.elapsed();
+    assert!(waited < Duration::from_secs(9), "{waited:?}");
+    assert!(
+        next.outcome.compacted && next.outcome.status.is_none(),
+        "{:?}",
+        next.outcome.status
+    );
+    assert!(
+        !next.outcome.summarized,
+        "it used the first request's summary"
+    );
+    assert!(sent_messages(&next)[1]["content"]
+        .as_str()
+        .unwrap()
+        .contains("summary number 1"));
+    assert_eq!(setup.summarizer.calls(), 1);
+    assert_eq!(checkpoints(&setup).await, 1);
+}

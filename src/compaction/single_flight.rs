@@ -13,6 +13,7 @@ use crate::identity::{self, Hash};
 use crate::store::Checkpoint;
 
 use super::conversation::{matches_prefix, Conversation};
+use super::plan::Plan;
 use super::{Engine, Mode, RequestContext, Status, SummaryError};
 
 /// How often a request waiting for another's summary looks for the result.
@@ -61,13 +62,17 @@ impl Engine {
                 }
             };
             if leased {
-                let result = self
-                    .summarize_and_store(context, conversation, base.as_ref(), &plan, ahead_of_time)
-                    .await;
-                if let Err(e) = self.store.release_lease(&lease_key, &holder).await {
-                    tracing::warn!(error = %e, "Releasing the summary lease failed; it will expire.");
-                }
-                return result.map(|cp| (cp, true));
+                let job = Job {
+                    base,
+                    plan,
+                    ahead_of_time,
+                    lease_key,
+                    holder,
+                };
+                return self
+                    .summarize_detached(context, conversation, job)
+                    .await
+                    .map(|cp| (cp, true));
             }
             // Someone else is summarizing this conversation. Wait for their result if it is a
             // prefix of ours; an edited history (a job on another prefix) does not wait.
@@ -124,6 +129,50 @@ impl Engine {
                     break;
                 }
             }
+        }
+    }
+
+    /// Writes the summary under the lease in a task of its own, which releases the lease when
+    /// done. A client that goes away mid-summary (a cancelled request) leaves the task running:
+    /// its checkpoint is still stored, and the conversation's next request, waiting on the lease,
+    /// gets it as soon as it is written instead of waiting out a lease nobody would release.
+    async fn summarize_detached(
+        self: &Arc<Self>,
+        context: &RequestContext,
+        conversation: &Conversation<'_>,
+        job: Job,
+    ) -> Result<Checkpoint, SummaryError> {
+        let engine = self.clone();
+        let context = context.clone();
+        let request = conversation.request.clone();
+        let task = tokio::spawn(async move {
+            // The task outlives the borrowed request, so it identifies its own copy (the same
+            // messages, so the same chain and counts, mostly from the meter's cache).
+            let (facts, _) = engine.model_facts(&request.model).await;
+            let conversation = engine.identify(&context, &request, facts);
+            let result = engine
+                .summarize_and_store(
+                    &context,
+                    &conversation,
+                    job.base.as_ref(),
+                    &job.plan,
+                    job.ahead_of_time,
+                )
+                .await;
+            if let Err(e) = engine
+                .store
+                .release_lease(&job.lease_key, &job.holder)
+                .await
+            {
+                tracing::warn!(error = %e, "Releasing the summary lease failed; it will expire.");
+            }
+            result
+        });
+        match task.await {
+            Ok(result) => result,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            // Only a runtime shutting down cancels the task.
+            Err(_) => Err(SummaryError::Timeout),
         }
     }
 
@@ -188,6 +237,15 @@ impl Engine {
 fn later(now: Instant, wait: Duration) -> Instant {
     now.checked_add(wait)
         .unwrap_or_else(|| now + Duration::from_secs(365 * 24 * 3600))
+}
+
+/// A summary to write under a lease, owned so that it can outlive its request.
+struct Job {
+    base: Option<Checkpoint>,
+    plan: Plan,
+    ahead_of_time: bool,
+    lease_key: String,
+    holder: String,
 }
 
 /// A conversation's compactions in a row that failed or freed nothing, and when the next may
