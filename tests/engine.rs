@@ -551,3 +551,22 @@ async fn a_client_that_gives_up_mid_summary_does_not_stall_its_conversation() {
     assert_eq!(setup.summarizer.calls(), 1);
     assert_eq!(checkpoints(&setup).await, 1);
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_largest_output_budget_is_refused_without_wrapping() {
+    let setup = setup(
+        Behaviour::Answer {
+            delay: Duration::ZERO,
+        },
+        |_, _| {},
+    );
+    // A short conversation and one over the window; each asks for u64::MAX output tokens.
+    for messages in [session(3), session(40)] {
+        let mut request = request(&messages);
+        request.max_output_tokens = Some(u64::MAX);
+        let refused = prepare_as(&setup, &context(), &request).await;
+        let CannotFit { needed, window } = refused.err().expect("no window holds that answer");
+        assert_eq!((needed, window), (u64::MAX, WINDOW));
+    }
+    assert_eq!(setup.summarizer.calls(), 0);
+}

@@ -27,7 +27,9 @@ impl Engine {
             return;
         };
         let soft = (conversation.limit as f64 * self.config.soft_threshold) as u64;
-        if calibration::apply(view.tokens, conversation.factor) + conversation.reserve <= soft {
+        let needed = calibration::apply(view.tokens, conversation.factor)
+            .saturating_add(conversation.reserve);
+        if needed <= soft {
             return;
         }
         if self.background.insert(anchor, ()).is_some() {

@@ -194,7 +194,7 @@ impl Engine {
             .map_or(0, |p| tokens[p]);
         let kept: u64 = (covered..tokens.len())
             .map(|i| match cp.truncations.iter().find(|t| t.index == i) {
-                Some(t) => tokens[i].min(t.keep_tokens + 40),
+                Some(t) => tokens[i].min(t.keep_tokens.saturating_add(40)),
                 None => tokens[i],
             })
             .sum();
@@ -206,7 +206,8 @@ impl Engine {
     }
 
     pub(super) fn fits(&self, conversation: &Conversation<'_>, view: &View<'_>) -> bool {
-        calibration::apply(view.tokens, conversation.factor) + conversation.reserve
+        // Saturating: a client may ask for any output budget, up to `u64::MAX`.
+        calibration::apply(view.tokens, conversation.factor).saturating_add(conversation.reserve)
             <= conversation.limit
     }
 
@@ -235,7 +236,7 @@ impl Engine {
             .map_or(0, |i| conversation.message_tokens[i]);
         let raw = instructions + last_user + conversation.measured.tools_tokens + REPLY_PRIMING;
         let needed = calibration::apply(raw, conversation.factor)
-            + conversation.request.max_output_tokens.unwrap_or(0);
+            .saturating_add(conversation.request.max_output_tokens.unwrap_or(0));
         if needed > conversation.limit {
             return Err(CannotFit {
                 needed,

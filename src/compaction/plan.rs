@@ -81,7 +81,7 @@ fn choose_cut(input: &PlanInput) -> Result<Plan, PlanError> {
     // tail[c] = verbatim tokens of messages [c..n).
     let mut tail = vec![0u64; n + 1];
     for i in (0..n).rev() {
-        tail[i] = tail[i + 1] + tokens(i);
+        tail[i] = tail[i + 1].saturating_add(tokens(i));
     }
     let last_user = (input.start..n)
         .rev()
@@ -159,7 +159,9 @@ fn fit_by_truncating(input: &PlanInput, cut: usize, budget: u64) -> Option<Vec<T
         .iter()
         .map(|&i| Truncation {
             index: i,
-            keep_tokens: input.tokens[i] * room / results_total.max(1),
+            // In u128: a large window's budget times a large result would wrap u64.
+            keep_tokens: (u128::from(input.tokens[i]) * u128::from(room)
+                / u128::from(results_total.max(1))) as u64,
         })
         .collect();
     if truncations
