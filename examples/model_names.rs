@@ -8,12 +8,12 @@
 //!
 //! `cargo run --example model_names -- --models 20000 --answer fail`
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::response::IntoResponse;
 use clap::Parser;
 use compactor::config::Config;
+use futures::StreamExt;
 use serde_json::json;
 use tokio::net::TcpListener;
 
@@ -84,11 +84,13 @@ async fn provider(answer: String) -> String {
     format!("http://{addr}/v1")
 }
 
+/// Sends one request per name, `concurrency` at a time; bodies are made as they go, so the
+/// driver's own memory does not grow with the number of names.
 async fn send_all(url: &str, names: impl Iterator<Item = String>, concurrency: usize) {
     let client = reqwest::Client::new();
-    let bodies: Vec<String> = names
-        .map(|model| {
-            json!({
+    futures::stream::iter(names)
+        .for_each_concurrent(concurrency, |model| {
+            let body = json!({
                 "model": model,
                 "tool_choice": "This model's maximum context length is 64 tokens",
                 "messages": [
@@ -96,29 +98,20 @@ async fn send_all(url: &str, names: impl Iterator<Item = String>, concurrency: u
                     {"role": "user", "content": "Say hello."},
                 ],
             })
-            .to_string()
-        })
-        .collect();
-    let sem = Arc::new(tokio::sync::Semaphore::new(concurrency));
-    let mut tasks = Vec::with_capacity(bodies.len());
-    for body in bodies {
-        let permit = sem.clone().acquire_owned().await.unwrap();
-        let (client, url) = (client.clone(), url.to_string());
-        tasks.push(tokio::spawn(async move {
-            let _ = client
-                .post(&url)
+            .to_string();
+            let request = client
+                .post(url)
                 .header("authorization", "Bearer k")
                 .header("content-type", "application/json")
                 .body(body)
-                .send()
-                .await
-                .map(|r| r.bytes());
-            drop(permit);
-        }));
-    }
-    for task in tasks {
-        let _ = task.await;
-    }
+                .send();
+            async move {
+                if let Ok(response) = request.await {
+                    let _ = response.bytes().await;
+                }
+            }
+        })
+        .await;
 }
 
 #[tokio::main]
