@@ -6,7 +6,8 @@ use std::path::Path;
 
 use bytes::Bytes;
 use compactor::compaction::plan::{plan, PlanInput};
-use compactor::compaction::rewrite::rewrite;
+use compactor::compaction::rewrite::summary_text;
+use compactor::dialect::{chat::Chat, Rewrite, WireRequest};
 use compactor::http::stream::Observed;
 use compactor::identity;
 use compactor::measure::Meter;
@@ -124,9 +125,9 @@ fn identify_plan_rewrite(c: &mut Criterion) {
     group.bench_function(BenchmarkId::new("warm", &name), |b| {
         b.iter(|| {
             let measured = meter.measure(&request);
-            let chain = identity::chain(&tenant, measured.messages.iter().map(|m| m.canonical));
+            let chain = identity::chain(&tenant, measured.elements.iter().map(|m| m.canonical));
             let roles: Vec<Role> = request.messages.iter().map(|m| m.role).collect();
-            let tokens: Vec<u64> = measured.messages.iter().map(|m| m.tokens).collect();
+            let tokens: Vec<u64> = measured.elements.iter().map(|m| m.tokens).collect();
             let chosen = plan(&PlanInput {
                 roles: &roles,
                 tokens: &tokens,
@@ -152,8 +153,14 @@ fn identify_plan_rewrite(c: &mut Criterion) {
                 model: request.model.clone(),
                 ahead_of_time: false,
             };
-            let out = rewrite(&request, &checkpoint, &tokens, false);
-            request.to_body(out.iter().map(|m| &**m), false).len()
+            let text = summary_text(&checkpoint.summary, &[], &[]);
+            let how = Rewrite {
+                checkpoint: &checkpoint,
+                tokens: &tokens,
+                merge_into_user: false,
+                text: &text,
+            };
+            WireRequest::render(&request, &how, false).len()
         })
     });
     group.finish();
@@ -183,7 +190,7 @@ fn sse_forwarding(c: &mut Criterion) {
                     let source = futures::stream::iter(
                         chunks.clone().into_iter().map(Ok::<_, std::io::Error>),
                     );
-                    let observed = Observed::sse(Box::pin(source), strip, Box::new(|_| {}));
+                    let observed = Observed::sse(Box::pin(source), strip, &Chat, Box::new(|_| {}));
                     async move {
                         observed
                             .map(|c| c.unwrap().len())

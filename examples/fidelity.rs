@@ -114,7 +114,7 @@ async fn run(args: &Args) -> Result<(), String> {
         let request = ChatRequest::parse(&body).map_err(|e| format!("{name}: {e}"))?;
         let measured = Meter::new(4096).measure(&request);
         let roles: Vec<_> = request.messages.iter().map(|m| m.role).collect();
-        let tokens: Vec<u64> = measured.messages.iter().map(|m| m.tokens).collect();
+        let tokens: Vec<u64> = measured.elements.iter().map(|m| m.tokens).collect();
         let cap = (args.span_tokens > 0).then_some(args.span_tokens);
         let Some(chosen) = span::choose(&roles, &tokens, args.keep_tokens, cap) else {
             println!(
@@ -156,7 +156,8 @@ async fn run(args: &Args) -> Result<(), String> {
             .map(|&i| &request.messages[i])
             .collect();
         let mut files = FileOps::default();
-        files.collect(span.iter().copied());
+        files.collect(span.iter().map(|m| m.view()));
+        let views: Vec<_> = span.iter().map(|m| (m.role, m.view().clone())).collect();
         let (read, modified) = files.into_lists();
         let encoding = Encoding::for_model(&args.model);
         // What no model can lose: the file lists (before the record existed), then the record
@@ -165,7 +166,7 @@ async fn run(args: &Args) -> Result<(), String> {
             ("file lists only", String::new(), None),
             (
                 "record + file lists only",
-                record::attach("", &span, None, encoding, budget),
+                record::attach("", &views, None, encoding, budget),
                 None,
             ),
         ];
@@ -174,7 +175,7 @@ async fn run(args: &Args) -> Result<(), String> {
             let model_text = summarize_span(&client, args, &span, budget).await?;
             let seconds = Some(started.elapsed().as_secs_f64());
             // What the proxy stores: the model's text, then the record.
-            let stored = record::attach(&model_text, &span, None, encoding, budget);
+            let stored = record::attach(&model_text, &views, None, encoding, budget);
             variants.push(("ours, model text + file lists", model_text, seconds));
             variants.push(("ours, as stored (+ record)", stored, seconds));
         }

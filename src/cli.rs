@@ -126,12 +126,12 @@ pub async fn run_tool(command: Command) -> Result<(), String> {
             let body = read_input(&file)?;
             let request = ChatRequest::parse(&body).map_err(|e| e.to_string())?;
             let measured = Meter::new(1024).measure(&request);
-            for (i, (message, facts)) in request.messages.iter().zip(&measured.messages).enumerate()
+            for (i, (message, facts)) in request.messages.iter().zip(&measured.elements).enumerate()
             {
                 println!("{i:>5}  {:<10} {:>8}", message.role.as_str(), facts.tokens);
             }
-            if measured.tools_tokens > 0 {
-                println!("{:>5}  {:<10} {:>8}", "", "tools", measured.tools_tokens);
+            if measured.head_tokens > 0 {
+                println!("{:>5}  {:<10} {:>8}", "", "tools", measured.head_tokens);
             }
             let total = measured.total();
             let (window, _) = WindowTable::new(&config.windows, config.default_window)
@@ -187,6 +187,7 @@ pub async fn run_tool(command: Command) -> Result<(), String> {
                 force_usage: false,
             };
             let started = std::time::Instant::now();
+            let request: Arc<dyn crate::dialect::WireRequest> = Arc::new(request);
             let prepared = Arc::clone(&app.engine)
                 .prepare(&context, &request, None)
                 .await

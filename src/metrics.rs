@@ -17,6 +17,8 @@ pub struct RequestLabels {
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
 pub enum Route {
     ChatCompletions,
+    Messages,
+    Responses,
     Passthrough,
     Compactor,
 }

@@ -18,7 +18,7 @@ use tower::ServiceExt;
 
 use crate::compaction::Engine;
 use crate::config::{redact_url, Config};
-use crate::dialect::chat::Chat;
+use crate::dialect::{anthropic::Messages, chat::Chat, responses::Responses, Dialect};
 use crate::http::gateway_keys::GatewayKeys;
 use crate::http::limits::{ConnectionLimits, Limits};
 use crate::http::{router, App};
@@ -76,15 +76,35 @@ pub fn build_with_store(
         config.gateway_keys_text()?.as_deref(),
     )?;
     let metrics = Arc::new(Metrics::default());
-    let engine = Arc::new(Engine::new(
+    let mut engine = Engine::new(
         config.compaction.clone(),
         config.summarizer.clone(),
         store,
         Meter::new(METER_CACHE_MESSAGES),
         WindowTable::new(&config.windows, config.default_window),
-        Arc::new(HttpSummarizer::new(summary_upstream, Arc::new(Chat))),
+        Arc::new(HttpSummarizer::new(
+            summary_upstream.clone(),
+            Arc::new(Chat),
+        )),
         metrics.clone(),
-    ));
+    );
+    if config.summarizer.upstream.is_empty() {
+        // No summarizer of its own: each conversation is summarized by the provider it talks
+        // to, in that provider's format and with the client's credentials for it.
+        engine = engine
+            .with_summarizer_for(
+                Messages.name(),
+                Arc::new(HttpSummarizer::new(
+                    anthropic_upstream.clone(),
+                    Arc::new(Messages),
+                )),
+            )
+            .with_summarizer_for(
+                Responses.name(),
+                Arc::new(HttpSummarizer::new(summary_upstream, Arc::new(Responses))),
+            );
+    }
+    let engine = Arc::new(engine);
     Ok(Arc::new(App {
         engine,
         upstream,

@@ -10,7 +10,7 @@ use compactor::compaction::{
     CannotFit, Engine, Mode, Prepared, RequestContext, Status, Summarizer, SummarizerError,
 };
 use compactor::config::{CompactionConfig, SummarizerConfig};
-use compactor::dialect::SummaryRequest;
+use compactor::dialect::{SummaryRequest, WireRequest};
 use compactor::identity;
 use compactor::measure::{windows::WindowTable, Meter};
 use compactor::metrics::Metrics;
@@ -137,13 +137,15 @@ fn session(turns: usize) -> Vec<Value> {
     messages
 }
 
-fn request(messages: &[Value]) -> ChatRequest {
-    ChatRequest::parse(
-        json!({"model": MODEL, "messages": messages})
-            .to_string()
-            .as_bytes(),
+fn request(messages: &[Value]) -> Arc<dyn WireRequest> {
+    Arc::new(
+        ChatRequest::parse(
+            json!({"model": MODEL, "messages": messages})
+                .to_string()
+                .as_bytes(),
+        )
+        .unwrap(),
     )
-    .unwrap()
 }
 
 fn context() -> RequestContext {
@@ -177,10 +179,10 @@ async fn checkpoints(setup: &Setup) -> usize {
     let anchor = {
         let req = request(&session(1));
         let meter = Meter::new(16);
-        let measured = meter.measure(&req);
+        let measured = meter.measure(req.as_ref());
         let chain = identity::chain(
             &context().tenant,
-            measured.messages.iter().map(|m| m.canonical),
+            measured.elements.iter().map(|m| m.canonical),
         );
         identity::hex(&chain[1])
     };

@@ -4,7 +4,8 @@
 //! disappears is covered by the summary.
 
 use compactor::compaction::plan::{plan, PlanInput};
-use compactor::compaction::rewrite::rewrite;
+use compactor::compaction::rewrite::{rewrite, summary_text};
+use compactor::dialect::Rewrite;
 use compactor::request::{ChatRequest, Role};
 use compactor::store::Checkpoint;
 use proptest::prelude::*;
@@ -116,7 +117,8 @@ proptest! {
         let newly = chosen.newly_covered(&input);
         prop_assert!(!newly.is_empty());
         let cp = checkpoint(chosen.cut, chosen.pinned_user, chosen.truncations.clone());
-        let out = rewrite(&request, &cp, &tokens, false);
+        let text = summary_text(&cp.summary, &cp.files_read, &cp.files_modified);
+        let out = rewrite(&request, &Rewrite { checkpoint: &cp, tokens: &tokens, merge_into_user: false, text: &text });
         let out_raw: Vec<&str> = out.iter().map(|m| m.get()).collect();
         let parsed: Vec<Value> = out_raw.iter().map(|r| serde_json::from_str(r).unwrap()).collect();
 

@@ -17,7 +17,7 @@ impl Engine {
     pub(super) fn maybe_start_background(
         self: &Arc<Self>,
         context: &RequestContext,
-        conversation: &Conversation<'_>,
+        conversation: &Conversation,
         view: &View<'_>,
     ) {
         if !self.config.ahead_of_time || context.mode != Mode::Auto {
@@ -40,7 +40,7 @@ impl Engine {
         let request = conversation.request.clone();
         let base = view.checkpoint.cloned();
         tokio::spawn(async move {
-            let (facts, _) = engine.model_facts(&request.model).await;
+            let (facts, _) = engine.model_facts(request.model()).await;
             let conversation = engine.identify(&context, &request, facts);
             // A ready checkpoint that covers more than the one in use already exists: done.
             let existing = engine.store.for_anchor(&identity::hex(&anchor)).await.ok();

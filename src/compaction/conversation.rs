@@ -3,9 +3,10 @@
 
 use std::sync::Arc;
 
+use crate::dialect::WireRequest;
 use crate::identity::{self, Hash};
 use crate::measure::{calibration, Measured, REPLY_PRIMING};
-use crate::request::{ChatRequest, Role};
+use crate::request::Role;
 use crate::store::{Checkpoint, ModelFacts};
 
 use super::{rewrite, Applied, CannotFit, Engine, Mode, Outcome, RequestContext};
@@ -18,8 +19,8 @@ pub(super) struct View<'c> {
 }
 
 /// Everything about one request that the stages share.
-pub(super) struct Conversation<'r> {
-    pub(super) request: &'r ChatRequest,
+pub(super) struct Conversation {
+    pub(super) request: Arc<dyn WireRequest>,
     pub(super) measured: Measured,
     pub(super) chain: Vec<Hash>,
     pub(super) anchor: Option<Hash>,
@@ -45,31 +46,29 @@ pub(super) fn matches_prefix(checkpoint: &Checkpoint, chain: &[Hash]) -> bool {
 impl Engine {
     /// Stage `identify`: counts and hashes the messages, finds the anchor, and works out the
     /// window, margin and output reserve for the model.
-    pub(super) fn identify<'r>(
+    pub(super) fn identify(
         &self,
         context: &RequestContext,
-        request: &'r ChatRequest,
+        request: &Arc<dyn WireRequest>,
         facts: ModelFacts,
-    ) -> Conversation<'r> {
-        let measured = self.meter.measure(request);
+    ) -> Conversation {
+        let measured = self.meter.measure(request.as_ref());
         let chain = identity::chain(
             &context.tenant,
-            measured.messages.iter().map(|m| m.canonical),
+            measured.elements.iter().map(|m| m.canonical),
         );
-        let roles: Vec<Role> = request.messages.iter().map(|m| m.role).collect();
+        let roles: Vec<Role> = (0..request.len()).map(|i| request.role(i)).collect();
         let first_turn = roles.iter().position(|r| !r.is_instruction());
         let anchor = identity::anchor(&chain, first_turn);
-        let message_tokens = measured.messages.iter().map(|m| m.tokens).collect();
-        let (window, _) = self.windows.window(&request.model, facts.window);
+        let message_tokens = measured.elements.iter().map(|m| m.tokens).collect();
+        let (window, _) = self.windows.window(request.model(), facts.window);
         let factor = facts
             .calibration
-            .unwrap_or_else(|| calibration::initial_factor(&request.model));
+            .unwrap_or_else(|| calibration::initial_factor(request.model()));
         let margin = self.config.margin_tokens.min(window / 16);
-        let reserve = request
-            .max_output_tokens
-            .unwrap_or_else(|| self.config.reserve_output_tokens.min(window / 4));
+        let reserve = request.output_reserve(self.config.reserve_output_tokens.min(window / 4));
         Conversation {
-            request,
+            request: request.clone(),
             measured,
             chain,
             anchor,
@@ -87,7 +86,7 @@ impl Engine {
     /// Stage `stored_checkpoints`: those that match this conversation's prefix, newest first.
     pub(super) async fn stored_checkpoints(
         &self,
-        conversation: &Conversation<'_>,
+        conversation: &Conversation,
         outcome: &mut Outcome,
     ) -> Vec<Checkpoint> {
         let Some(anchor) = conversation.anchor else {
@@ -122,7 +121,7 @@ impl Engine {
     pub(super) fn apply_checkpoint<'c>(
         self: &Arc<Self>,
         context: &RequestContext,
-        conversation: &Conversation<'_>,
+        conversation: &Conversation,
         checkpoints: &'c [Checkpoint],
         forced: bool,
         outcome: &mut Outcome,
@@ -152,19 +151,18 @@ impl Engine {
 
     /// Tokens of a checkpoint's summary message. A checkpoint never changes, so the message is
     /// rendered and counted once per checkpoint, not on every request that applies it.
-    fn summary_tokens(&self, encoding: crate::measure::Encoding, checkpoint: &Checkpoint) -> u64 {
-        let key = (encoding, checkpoint.id.clone());
+    fn summary_tokens(&self, conversation: &Conversation, checkpoint: &Checkpoint) -> u64 {
+        let (request, encoding) = (&conversation.request, conversation.measured.encoding);
+        let key = (request.dialect(), encoding, checkpoint.id.clone());
         if let Some(tokens) = self.summary_tokens.get(&key) {
             return tokens;
         }
-        let raw = rewrite::summary_message(&rewrite::summary_text(
+        let text = rewrite::summary_text(
             &checkpoint.summary,
             &checkpoint.files_read,
             &checkpoint.files_modified,
-        ));
-        let tokens = crate::request::Message::parse(raw)
-            .map(|m| crate::measure::count_message(encoding, &m))
-            .unwrap_or(0);
+        );
+        let tokens = request.summary_tokens(encoding, &text);
         self.summary_tokens.insert(key, tokens);
         tokens
     }
@@ -172,10 +170,10 @@ impl Engine {
     /// What the request costs when sent through `checkpoint`.
     pub(super) fn view<'c>(
         &self,
-        conversation: &Conversation<'_>,
+        conversation: &Conversation,
         checkpoint: Option<&'c Checkpoint>,
     ) -> View<'c> {
-        let fixed = conversation.measured.tools_tokens + REPLY_PRIMING;
+        let fixed = conversation.measured.head_tokens + REPLY_PRIMING;
         let Some(cp) = checkpoint else {
             return View {
                 checkpoint: None,
@@ -198,21 +196,21 @@ impl Engine {
                 None => tokens[i],
             })
             .sum();
-        let summary = self.summary_tokens(conversation.measured.encoding, cp);
+        let summary = self.summary_tokens(conversation, cp);
         View {
             checkpoint: Some(cp),
             tokens: fixed + instructions + pinned + kept + summary,
         }
     }
 
-    pub(super) fn fits(&self, conversation: &Conversation<'_>, view: &View<'_>) -> bool {
+    pub(super) fn fits(&self, conversation: &Conversation, view: &View<'_>) -> bool {
         // Saturating: a client may ask for any output budget, up to `u64::MAX`.
         calibration::apply(view.tokens, conversation.factor).saturating_add(conversation.reserve)
             <= conversation.limit
     }
 
     /// Raw tokens of the instruction (system/developer) messages.
-    pub(super) fn instruction_tokens(conversation: &Conversation<'_>) -> u64 {
+    pub(super) fn instruction_tokens(conversation: &Conversation) -> u64 {
         conversation
             .roles
             .iter()
@@ -224,19 +222,20 @@ impl Engine {
 
     /// Stage `check_fits_at_all`: refuses requests whose instructions, tools and last user
     /// message cannot fit whatever is summarized.
-    pub(super) fn check_fits_at_all(
-        &self,
-        conversation: &Conversation<'_>,
-    ) -> Result<(), CannotFit> {
+    pub(super) fn check_fits_at_all(&self, conversation: &Conversation) -> Result<(), CannotFit> {
         let instructions = Self::instruction_tokens(conversation);
         let last_user = conversation
             .roles
             .iter()
             .rposition(|r| *r == Role::User)
             .map_or(0, |i| conversation.message_tokens[i]);
-        let raw = instructions + last_user + conversation.measured.tools_tokens + REPLY_PRIMING;
-        let needed = calibration::apply(raw, conversation.factor)
-            .saturating_add(conversation.request.max_output_tokens.unwrap_or(0));
+        let raw = instructions + last_user + conversation.measured.head_tokens + REPLY_PRIMING;
+        // Only a budget the client asked for must fit; the configured share may shrink.
+        let answer = conversation
+            .request
+            .max_output_tokens()
+            .map_or(0, |_| conversation.reserve);
+        let needed = calibration::apply(raw, conversation.factor).saturating_add(answer);
         if needed > conversation.limit {
             return Err(CannotFit {
                 needed,

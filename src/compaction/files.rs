@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 
 use serde_json::Value;
 
-use crate::request::Message;
+use crate::request::MessageView;
 
 /// Argument names that hold one path.
 const PATH_KEYS: &[&str] = &[
@@ -69,10 +69,10 @@ impl FileOps {
         }
     }
 
-    /// Adds the files touched by the tool calls of `messages`.
-    pub fn collect<'a>(&mut self, messages: impl IntoIterator<Item = &'a Message>) {
-        for message in messages {
-            for call in &message.view().tool_calls {
+    /// Adds the files touched by the tool calls of `views` (elements read by their dialect).
+    pub fn collect<'a>(&mut self, views: impl IntoIterator<Item = &'a MessageView>) {
+        for view in views {
+            for call in &view.tool_calls {
                 let Ok(args) = serde_json::from_str::<Value>(&call.arguments) else {
                     continue;
                 };
@@ -187,7 +187,7 @@ mod tests {
         )
         .unwrap();
         let mut ops = FileOps::default();
-        ops.collect(&req.messages);
+        ops.collect(req.messages.iter().map(|m| m.view()));
         let (read, modified) = ops.into_lists();
         assert_eq!(read, vec!["/repo/c.py"]);
         assert_eq!(modified, vec!["/repo/d.py", "src/a.rs", "src/b.rs"]);

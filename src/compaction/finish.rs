@@ -2,21 +2,22 @@
 //! when no summary could be made and the request does not fit, with its oldest turns dropped
 //! under a marker ([`Engine::fallback`]).
 
-use std::borrow::Cow;
-
-use serde_json::value::RawValue;
-
+use crate::dialect::Rewrite;
 use crate::measure::{calibration, REPLY_PRIMING};
 use crate::request::Role;
+use crate::store::Checkpoint;
 
 use super::conversation::{Conversation, View};
 use super::{rewrite, Engine, Outcome, Prepared};
+
+/// Room kept for the marker that says turns were dropped.
+const MARKER_TOKENS: u64 = 64;
 
 impl Engine {
     /// Stage `rewrite`: the body through `view`'s checkpoint, with the outcome filled in.
     pub(super) fn rewrite(
         &self,
-        conversation: &Conversation<'_>,
+        conversation: &Conversation,
         view: &View<'_>,
         mut outcome: Outcome,
     ) -> Prepared {
@@ -26,116 +27,135 @@ impl Engine {
                 outcome,
             };
         };
-        let messages = rewrite::rewrite(
-            conversation.request,
-            cp,
-            &conversation.message_tokens,
-            self.config.merge_summary_into_user,
-        );
+        let text = rewrite::summary_text(&cp.summary, &cp.files_read, &cp.files_modified);
         outcome.compacted = true;
         outcome.checkpoint_id = Some(cp.id.clone());
         outcome.tokens_after = calibration::apply(view.tokens, conversation.factor);
         outcome.sent_raw_tokens = view.tokens;
         Prepared {
-            body: conversation
-                .request
-                .to_body(messages.iter().map(|m| &**m), conversation.force_usage),
+            body: self.render(conversation, cp, &text, self.config.merge_summary_into_user),
             outcome,
         }
     }
 
+    fn render(
+        &self,
+        conversation: &Conversation,
+        checkpoint: &Checkpoint,
+        text: &str,
+        merge_into_user: bool,
+    ) -> Vec<u8> {
+        conversation.request.render(
+            &Rewrite {
+                checkpoint,
+                tokens: &conversation.message_tokens,
+                merge_into_user,
+                text,
+            },
+            conversation.force_usage,
+        )
+    }
+
     /// Serves a request without a new summary: through the checkpoint it already had if that
     /// fits, else with its oldest turns dropped under a marker.
+    ///
+    /// Dropping works on whole turns: the tail sent starts at a user element, after the
+    /// instructions, so no tool result loses its call. The previous summary (if any) goes
+    /// first, then the oldest kept turns, until the request fits or only the last user turn is
+    /// left.
     pub(super) fn fallback(
         &self,
-        conversation: &Conversation<'_>,
+        conversation: &Conversation,
         view: &View<'_>,
         mut outcome: Outcome,
     ) -> Prepared {
         if self.fits(conversation, view) {
             return self.rewrite(conversation, view, outcome);
         }
-        let base: Vec<Cow<RawValue>> = match view.checkpoint {
-            Some(cp) => rewrite::rewrite(
-                conversation.request,
-                cp,
-                &conversation.message_tokens,
-                false,
-            ),
-            None => conversation
-                .request
-                .messages
-                .iter()
-                .map(|m| Cow::Borrowed(&*m.raw))
-                .collect(),
+        let roles = &conversation.roles;
+        let tokens = &conversation.message_tokens;
+        let kept_from = view.checkpoint.map_or(0, |cp| cp.covered.min(roles.len()));
+        let Some(last_user) = roles.iter().rposition(|r| *r == Role::User) else {
+            return self.rewrite(conversation, view, outcome);
         };
-        let parsed: Vec<crate::request::Message> = base
-            .iter()
-            .filter_map(|m| crate::request::Message::parse(m.as_ref().to_owned()).ok())
-            .collect();
-        let encoding = conversation.measured.encoding;
-        let tokens: Vec<u64> = parsed
-            .iter()
-            .map(|m| self.meter.message(encoding, m).tokens)
-            .collect();
         let budget = conversation
             .limit
             .saturating_sub(conversation.reserve)
-            .saturating_sub(conversation.measured.tools_tokens + REPLY_PRIMING + 64);
-        let total: u64 = tokens.iter().sum();
-        let mut dropped = 0usize;
-        let mut remaining = calibration::apply(total, conversation.factor);
-        let mut start = parsed
-            .iter()
-            .position(|m| !m.role.is_instruction())
-            .unwrap_or(parsed.len());
-        let last_user = parsed
-            .iter()
-            .rposition(|m| m.role == Role::User)
-            .unwrap_or(parsed.len());
-        while remaining > budget && start < last_user {
-            // Drop a whole turn: up to the next user message.
-            let next = (start + 1..parsed.len())
-                .find(|&i| parsed[i].role == Role::User)
-                .unwrap_or(last_user);
-            for i in start..next {
-                if !parsed[i].role.is_instruction() {
-                    remaining = remaining
-                        .saturating_sub(calibration::apply(tokens[i], conversation.factor));
-                    dropped += 1;
-                }
+            .saturating_sub(calibration::apply(
+                conversation.measured.head_tokens + REPLY_PRIMING + MARKER_TOKENS,
+                conversation.factor,
+            ));
+        // What is sent from `start` on: instructions before it, every element after it.
+        let sent_from = |start: usize| -> u64 {
+            let instructions: u64 = (0..start)
+                .filter(|&i| roles[i].is_instruction())
+                .map(|i| tokens[i])
+                .sum();
+            let kept: u64 = (start..roles.len())
+                .map(|i| {
+                    match view
+                        .checkpoint
+                        .and_then(|cp| cp.truncations.iter().find(|t| t.index == i))
+                    {
+                        Some(t) => tokens[i].min(t.keep_tokens.saturating_add(40)),
+                        None => tokens[i],
+                    }
+                })
+                .sum();
+            instructions + kept
+        };
+        let candidates = (kept_from..=last_user).filter(|&i| roles[i] == Role::User);
+        let mut start = last_user;
+        for candidate in candidates {
+            if calibration::apply(sent_from(candidate), conversation.factor) <= budget {
+                start = candidate;
+                break;
             }
-            start = next;
         }
-        if dropped == 0 {
+        let dropped = (kept_from..start)
+            .filter(|&i| !roles[i].is_instruction())
+            .count();
+        if dropped == 0 && view.checkpoint.is_none() {
             return self.rewrite(conversation, view, outcome);
         }
-        let marker = rewrite::summary_message(&format!(
-            "[Context trimmed] {dropped} earlier messages of this conversation were omitted because they did not fit in the model's context window and could not be summarized."
-        ));
-        let first_turn = parsed
-            .iter()
-            .position(|m| !m.role.is_instruction())
-            .unwrap_or(0);
-        let mut messages: Vec<&RawValue> = Vec::new();
-        messages.extend(parsed[..first_turn].iter().map(|m| &*m.raw));
-        messages.push(&marker);
-        messages.extend(
-            parsed[start..]
-                .iter()
-                .filter(|m| !m.role.is_instruction())
-                .map(|m| &*m.raw),
+        let omitted = match (dropped, view.checkpoint.is_some()) {
+            (0, _) => "the summary of its earlier turns".to_string(),
+            (n, true) => format!("the summary of its earlier turns and the {n} messages after it"),
+            (n, false) => format!("its {n} earliest messages"),
+        };
+        let marker = format!(
+            "[Context trimmed] Part of this conversation was omitted because it did not fit in the model's context window and could not be summarized: {omitted}."
         );
+        // Covers the dropped turns with the marker in place of a summary.
+        let trimmed = Checkpoint {
+            id: String::new(),
+            tenant: String::new(),
+            anchor: String::new(),
+            covered: start,
+            prefix_hash: String::new(),
+            pinned_user: None,
+            truncations: view
+                .checkpoint
+                .map(|cp| cp.truncations.clone())
+                .unwrap_or_default(),
+            summary: String::new(),
+            files_read: vec![],
+            files_modified: vec![],
+            tokens_before: 0,
+            tokens_after: 0,
+            created_ms: 0,
+            model: String::new(),
+            ahead_of_time: false,
+        };
         if let Some(status) = &mut outcome.status {
             status.served_by("dropped-oldest");
         }
+        let raw = sent_from(start) + conversation.measured.head_tokens + REPLY_PRIMING;
         outcome.compacted = true;
-        outcome.tokens_after = remaining;
-        outcome.sent_raw_tokens = (remaining as f64 / conversation.factor) as u64;
+        outcome.tokens_after = calibration::apply(raw, conversation.factor);
+        outcome.sent_raw_tokens = raw;
         Prepared {
-            body: conversation
-                .request
-                .to_body(messages, conversation.force_usage),
+            body: self.render(conversation, &trimmed, &marker, false),
             outcome,
         }
     }

@@ -1,4 +1,8 @@
-//! The compaction engine: from a parsed chat request to the body that goes upstream.
+//! The compaction engine: from a parsed request of any dialect to the body that goes upstream.
+//!
+//! The engine sees a request only through [`WireRequest`]: elements with roles, canonical
+//! hashes, token counts, transcripts and views, and a way to render the request through a
+//! checkpoint. It never reads a wire format itself.
 //!
 //! [`Engine::prepare`] runs the stages in order, each a method named after its stage:
 //!
@@ -37,11 +41,11 @@ use dashmap::DashMap;
 use http::HeaderMap;
 
 use crate::config::{CompactionConfig, SummarizerConfig};
+use crate::dialect::WireRequest;
 use crate::identity::Hash;
 use crate::measure::overflow::Overflow;
 use crate::measure::{calibration, windows::WindowTable, Encoding, Meter};
 use crate::metrics::Metrics;
-use crate::request::ChatRequest;
 use crate::store::{CheckpointStore, ModelFacts};
 
 use conversation::{Conversation, View};
@@ -153,7 +157,7 @@ pub struct Prepared {
 
 /// The request cannot fit even after compaction.
 #[derive(Debug, thiserror::Error)]
-#[error("this conversation cannot fit in the model's context window of {window} tokens even after compaction: the system prompt, tools and last user message alone take {needed} tokens")]
+#[error("this conversation cannot fit even after compaction: the system prompt, tools and last user message alone take {needed} tokens of the model's context window of {window} tokens")]
 pub struct CannotFit {
     pub needed: u64,
     pub window: u64,
@@ -192,6 +196,9 @@ pub struct Engine {
     meter: Meter,
     windows: WindowTable,
     summary_writer: Arc<dyn Summarizer>,
+    /// Summarizers for the requests of particular dialects (by [`crate::dialect::Dialect::name`]),
+    /// used instead of `summary_writer`: a conversation is summarized by its own provider.
+    dialect_writers: Vec<(&'static str, Arc<dyn Summarizer>)>,
     metrics: Arc<Metrics>,
     /// Learned model facts, read through to the store (bounded: model names are the client's).
     facts: quick_cache::sync::Cache<String, (ModelFacts, Instant)>,
@@ -200,7 +207,7 @@ pub struct Engine {
     /// Background summaries running, by conversation anchor.
     background: DashMap<Hash, ()>,
     /// Token counts of summary messages, by encoding and checkpoint id.
-    summary_tokens: quick_cache::sync::Cache<(Encoding, String), u64>,
+    summary_tokens: quick_cache::sync::Cache<(&'static str, Encoding, String), u64>,
     replica: String,
     attempts: AtomicU64,
 }
@@ -231,6 +238,7 @@ impl Engine {
             meter,
             windows,
             summary_writer,
+            dialect_writers: Vec::new(),
             metrics,
             facts,
             unproductive: DashMap::new(),
@@ -239,6 +247,24 @@ impl Engine {
             replica: format!("{:016x}", rand::random::<u64>()),
             attempts: AtomicU64::new(0),
         }
+    }
+
+    /// Summarizes the requests of `dialect` with `writer` instead of the default summarizer.
+    pub fn with_summarizer_for(
+        mut self,
+        dialect: &'static str,
+        writer: Arc<dyn Summarizer>,
+    ) -> Self {
+        self.dialect_writers.push((dialect, writer));
+        self
+    }
+
+    /// The summarizer for a request of `dialect`.
+    fn summarizer_for(&self, dialect: &str) -> &Arc<dyn Summarizer> {
+        self.dialect_writers
+            .iter()
+            .find(|(name, _)| *name == dialect)
+            .map_or(&self.summary_writer, |(_, writer)| writer)
     }
 
     pub fn store(&self) -> &Arc<dyn CheckpointStore> {
@@ -254,10 +280,10 @@ impl Engine {
     pub async fn prepare(
         self: &Arc<Self>,
         context: &RequestContext,
-        request: &ChatRequest,
+        request: &Arc<dyn WireRequest>,
         overflow: Option<Overflow>,
     ) -> Result<Prepared, CannotFit> {
-        let (facts, facts_degraded) = self.model_facts(&request.model).await;
+        let (facts, facts_degraded) = self.model_facts(request.model()).await;
         let conversation = self.identify(context, request, facts);
         let mut outcome = self.measure(&conversation, facts_degraded);
         if !self.config.enabled || context.mode == Mode::Off || conversation.anchor.is_none() {
@@ -284,8 +310,24 @@ impl Engine {
             .await)
     }
 
+    /// The request through the newest stored checkpoint of its conversation, summarizing
+    /// nothing: what the model would be sent now (for the providers' token-counting endpoints).
+    pub async fn through_checkpoint(
+        self: &Arc<Self>,
+        context: &RequestContext,
+        request: &Arc<dyn WireRequest>,
+    ) -> Vec<u8> {
+        let (facts, _) = self.model_facts(request.model()).await;
+        let conversation = self.identify(context, request, facts);
+        let mut outcome = Outcome::default();
+        let checkpoints = self.stored_checkpoints(&conversation, &mut outcome).await;
+        let newest = checkpoints.iter().find(|c| !c.ahead_of_time);
+        let view = self.view(&conversation, newest);
+        self.rewrite(&conversation, &view, outcome).body
+    }
+
     /// The request as the client sent it: its size, calibrated, against the window.
-    fn measure(&self, conversation: &Conversation<'_>, facts_degraded: bool) -> Outcome {
+    fn measure(&self, conversation: &Conversation, facts_degraded: bool) -> Outcome {
         let original_total = conversation.measured.total();
         let prompt_tokens = calibration::apply(original_total, conversation.factor);
         Outcome {

@@ -68,6 +68,29 @@ pub fn plan(input: &PlanInput) -> Result<Plan, PlanError> {
     Ok(chosen)
 }
 
+/// `chosen`, or when it cuts inside the last turn (a pinned user message, a cut after the last
+/// user message), the cut at the start of that turn instead: the turn stays whole even over
+/// budget. For a tool loop whose steps carry signed reasoning that must reach the model as it was
+/// made (Anthropic's thinking blocks).
+pub fn keep_last_turn_whole(input: &PlanInput, chosen: Plan) -> Result<Plan, PlanError> {
+    let roles = input.roles;
+    let Some(last_user) = roles.iter().rposition(|r| *r == Role::User) else {
+        return Ok(chosen);
+    };
+    if chosen.pinned_user.is_none() && chosen.cut <= last_user {
+        return Ok(chosen);
+    }
+    let moves_something = (input.start..last_user).any(|i| !roles[i].is_instruction());
+    if last_user <= input.start || !moves_something {
+        return Err(PlanError::NothingToSummarize);
+    }
+    Ok(Plan {
+        cut: last_user,
+        pinned_user: None,
+        truncations: vec![],
+    })
+}
+
 fn choose_cut(input: &PlanInput) -> Result<Plan, PlanError> {
     let n = input.roles.len();
     let roles = input.roles;
@@ -187,6 +210,44 @@ mod tests {
             keep_budget: budget,
         })
         .unwrap()
+    }
+
+    #[test]
+    fn the_last_turn_can_be_kept_whole_over_budget() {
+        let roles = [
+            System, User, Assistant, User, Assistant, Tool, Assistant, Tool,
+        ];
+        let tokens = [5, 10, 10, 10, 10, 100, 10, 100];
+        let input = PlanInput {
+            roles: &roles,
+            tokens: &tokens,
+            start: 0,
+            pinned: None,
+            keep_budget: 50,
+        };
+        let split = plan(&input).unwrap();
+        assert!(split.pinned_user == Some(3) || split.cut > 3, "{split:?}");
+        let whole = keep_last_turn_whole(&input, split).unwrap();
+        assert_eq!((whole.cut, whole.pinned_user), (3, None));
+        assert!(whole.truncations.is_empty());
+        // A plan that already keeps whole turns is left alone.
+        let roomy = PlanInput {
+            keep_budget: 10_000,
+            ..input.clone()
+        };
+        let kept = plan(&roomy).unwrap();
+        assert_eq!(keep_last_turn_whole(&roomy, kept.clone()).unwrap(), kept);
+        // Nothing before the last turn: nothing to summarize.
+        let alone = [User, Assistant, Tool];
+        let only = PlanInput {
+            roles: &alone,
+            tokens: &[10, 10, 500],
+            start: 0,
+            pinned: None,
+            keep_budget: 50,
+        };
+        let split = plan(&only).unwrap();
+        assert!(keep_last_turn_whole(&only, split).is_err());
     }
 
     #[test]

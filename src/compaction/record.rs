@@ -11,7 +11,7 @@ use regex::Regex;
 use serde_json::Value;
 
 use crate::measure::Encoding;
-use crate::request::{Message, Role};
+use crate::request::{MessageView, Role};
 
 use super::files;
 
@@ -57,19 +57,18 @@ pub struct Record {
 }
 
 impl Record {
-    /// The record of `span`.
-    pub fn collect(span: &[&Message]) -> Record {
+    /// The record of `span`: its elements' roles and views, in order.
+    pub fn collect(span: &[(Role, MessageView)]) -> Record {
         let mut record = Record::default();
         let mut calls: HashMap<&str, (&str, Value)> = HashMap::new();
-        for message in span {
-            for call in &message.view().tool_calls {
+        for (_, view) in span {
+            for call in &view.tool_calls {
                 let args = serde_json::from_str(&call.arguments).unwrap_or(Value::Null);
                 calls.insert(call.id.as_str(), (call.name.as_str(), args));
             }
         }
-        for message in span.iter().rev() {
-            let view = message.view();
-            match message.role {
+        for (role, view) in span.iter().rev() {
+            match role {
                 Role::User if !view.text.contains("<summary>") => {
                     let text = one_line(&view.text, REQUEST_CHARS);
                     record.push(REQUESTS, text);
@@ -217,7 +216,7 @@ pub fn split(summary: &str) -> (&str, Option<&str>) {
 /// the previous summary, in what the model's text left of `budget` (at most half of it).
 pub fn attach(
     model_text: &str,
-    span: &[&Message],
+    span: &[(Role, MessageView)],
     previous: Option<&str>,
     encoding: Encoding,
     budget: u64,
@@ -300,6 +299,14 @@ mod tests {
     use super::*;
     use crate::request::ChatRequest;
 
+    fn views(request: &ChatRequest) -> Vec<(Role, MessageView)> {
+        request
+            .messages
+            .iter()
+            .map(|m| (m.role, m.view().clone()))
+            .collect()
+    }
+
     fn span() -> ChatRequest {
         ChatRequest::parse(
             br#"{"model":"m","messages":[
@@ -322,7 +329,7 @@ mod tests {
 
     fn record() -> Record {
         let request = span();
-        let span: Vec<&Message> = request.messages.iter().collect();
+        let span = views(&request);
         Record::collect(&span)
     }
 
@@ -391,7 +398,7 @@ mod tests {
     #[test]
     fn attach_carries_the_previous_record_after_the_new_one() {
         let request = span();
-        let span: Vec<&Message> = request.messages.iter().collect();
+        let span = views(&request);
         let previous = format!("## Goal\nold\n\n{HEADING}\n\n### Commands run, newest first\n- cargo test\n- npm run check\n");
         let summary = attach(
             "## Goal\nnew",

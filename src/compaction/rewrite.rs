@@ -9,8 +9,9 @@ use std::borrow::Cow;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
+use crate::dialect::Rewrite;
 use crate::request::{ChatRequest, Role};
-use crate::store::{Checkpoint, Truncation};
+use crate::store::Truncation;
 
 /// The words around a summary that tell the model what it is reading.
 const SUMMARY_PREAMBLE: &str = "[Context compacted] The earlier part of this conversation was \
@@ -52,20 +53,11 @@ pub fn summary_message(text: &str) -> Box<RawValue> {
 
 /// The messages to send for `request` under `checkpoint`.
 ///
-/// `message_tokens` gives each message's token count, used to size middle cuts.
-pub fn rewrite<'a>(
-    request: &'a ChatRequest,
-    checkpoint: &Checkpoint,
-    message_tokens: &[u64],
-    merge_into_user: bool,
-) -> Vec<Cow<'a, RawValue>> {
+/// `how.tokens` gives each message's token count, used to size middle cuts.
+pub fn rewrite<'a>(request: &'a ChatRequest, how: &Rewrite<'_>) -> Vec<Cow<'a, RawValue>> {
+    let (checkpoint, message_tokens, text) = (how.checkpoint, how.tokens, how.text);
     let messages = &request.messages;
     let covered = checkpoint.covered.min(messages.len());
-    let text = summary_text(
-        &checkpoint.summary,
-        &checkpoint.files_read,
-        &checkpoint.files_modified,
-    );
     let mut out: Vec<Cow<'a, RawValue>> = Vec::with_capacity(messages.len() - covered + 4);
     out.extend(
         messages[..covered]
@@ -93,10 +85,10 @@ pub fn rewrite<'a>(
         })
         .collect();
     match rest.first_mut() {
-        Some((i, first)) if merge_into_user && messages[*i].role == Role::User => {
-            *first = Cow::Owned(merge_summary(first, &text));
+        Some((i, first)) if how.merge_into_user && messages[*i].role == Role::User => {
+            *first = Cow::Owned(merge_summary(first, text));
         }
-        _ => out.push(Cow::Owned(summary_message(&text))),
+        _ => out.push(Cow::Owned(summary_message(text))),
     }
     out.extend(rest.into_iter().map(|(_, raw)| raw));
     out
@@ -163,6 +155,7 @@ fn truncate_content(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::Checkpoint;
 
     fn request() -> ChatRequest {
         ChatRequest::parse(
@@ -177,6 +170,24 @@ mod tests {
         .unwrap()
     }
 
+    fn through<'a>(
+        req: &'a ChatRequest,
+        cp: &Checkpoint,
+        tokens: &[u64],
+        merge_into_user: bool,
+    ) -> Vec<Cow<'a, RawValue>> {
+        let text = summary_text(&cp.summary, &cp.files_read, &cp.files_modified);
+        rewrite(
+            req,
+            &Rewrite {
+                checkpoint: cp,
+                tokens,
+                merge_into_user,
+                text: &text,
+            },
+        )
+    }
+
     fn checkpoint(covered: usize, pinned: Option<usize>) -> Checkpoint {
         let mut cp = crate::store::contract::sample("x", covered, 1);
         cp.pinned_user = pinned;
@@ -187,7 +198,7 @@ mod tests {
     #[test]
     fn instructions_summary_then_kept_verbatim() {
         let req = request();
-        let out = rewrite(&req, &checkpoint(3, None), &[1; 6], false);
+        let out = through(&req, &checkpoint(3, None), &[1; 6], false);
         let texts: Vec<&str> = out.iter().map(|m| m.get()).collect();
         assert_eq!(texts[0], req.messages[0].raw.get());
         assert!(
@@ -208,10 +219,10 @@ mod tests {
     #[test]
     fn pinned_user_follows_the_summary_and_merge_joins_them() {
         let req = request();
-        let out = rewrite(&req, &checkpoint(5, Some(3)), &[1; 6], false);
+        let out = through(&req, &checkpoint(5, Some(3)), &[1; 6], false);
         assert_eq!(out.len(), 4);
         assert_eq!(out[2].get(), req.messages[3].raw.get());
-        let merged = rewrite(&req, &checkpoint(5, Some(3)), &[1; 6], true);
+        let merged = through(&req, &checkpoint(5, Some(3)), &[1; 6], true);
         assert_eq!(merged.len(), 3);
         let v: Value = serde_json::from_str(merged[1].get()).unwrap();
         let content = v["content"].as_str().unwrap();
@@ -231,7 +242,7 @@ mod tests {
             keep_tokens: 4,
         });
         let req = request();
-        let out = rewrite(&req, &cp, &[1, 1, 1, 1, 1, 10], false);
+        let out = through(&req, &cp, &[1, 1, 1, 1, 1, 10], false);
         assert!(out.last().unwrap().get().contains("cut from the middle"));
         assert!(cut_middle("héllo wörld ünïcode", 5, 2).is_char_boundary(0));
     }

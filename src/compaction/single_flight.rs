@@ -37,7 +37,7 @@ impl Engine {
     pub(super) async fn compact(
         self: &Arc<Self>,
         context: &RequestContext,
-        conversation: &Conversation<'_>,
+        conversation: &Conversation,
         base: Option<&Checkpoint>,
         harder: bool,
         ahead_of_time: bool,
@@ -139,7 +139,7 @@ impl Engine {
     async fn summarize_detached(
         self: &Arc<Self>,
         context: &RequestContext,
-        conversation: &Conversation<'_>,
+        conversation: &Conversation,
         job: Job,
     ) -> Result<Checkpoint, SummaryError> {
         let engine = self.clone();
@@ -148,7 +148,7 @@ impl Engine {
         let task = tokio::spawn(async move {
             // The task outlives the borrowed request, so it identifies its own copy (the same
             // messages, so the same chain and counts, mostly from the meter's cache).
-            let (facts, _) = engine.model_facts(&request.model).await;
+            let (facts, _) = engine.model_facts(request.model()).await;
             let conversation = engine.identify(&context, &request, facts);
             let result = engine
                 .summarize_and_store(

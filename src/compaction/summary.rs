@@ -10,6 +10,7 @@ use tokio::time::Instant;
 use crate::dialect::SummaryRequest;
 use crate::identity;
 use crate::measure::{calibration, Encoding, REPLY_PRIMING};
+use crate::request::{MessageView, Role};
 use crate::store::Checkpoint;
 
 use super::conversation::{Conversation, View};
@@ -25,7 +26,7 @@ impl Engine {
     pub(super) async fn summarize(
         self: &Arc<Self>,
         context: &RequestContext,
-        conversation: &Conversation<'_>,
+        conversation: &Conversation,
         view: &View<'_>,
         after_overflow: bool,
         mut outcome: Outcome,
@@ -85,13 +86,13 @@ impl Engine {
 
     pub(super) fn plan(
         &self,
-        conversation: &Conversation<'_>,
+        conversation: &Conversation,
         base: Option<&Checkpoint>,
         harder: bool,
         ahead_of_time: bool,
     ) -> Result<plan::Plan, SummaryError> {
         let fixed = Self::instruction_tokens(conversation)
-            + conversation.measured.tools_tokens
+            + conversation.measured.head_tokens
             + REPLY_PRIMING;
         let summary_allowance = self.summary_allowance(conversation.window);
         let usable = conversation
@@ -126,7 +127,14 @@ impl Engine {
             pinned: base.and_then(|b| b.pinned_user),
             keep_budget: keep,
         };
-        plan::plan(&input).map_err(|PlanError::NothingToSummarize| SummaryError::Nothing)
+        let chosen = plan::plan(&input).and_then(|chosen| {
+            if conversation.request.keeps_last_turn_whole() {
+                plan::keep_last_turn_whole(&input, chosen)
+            } else {
+                Ok(chosen)
+            }
+        });
+        chosen.map_err(|PlanError::NothingToSummarize| SummaryError::Nothing)
     }
 
     pub(super) fn summary_allowance(&self, window: u64) -> u64 {
@@ -137,12 +145,12 @@ impl Engine {
     pub(super) async fn summarize_and_store(
         &self,
         context: &RequestContext,
-        conversation: &Conversation<'_>,
+        conversation: &Conversation,
         base: Option<&Checkpoint>,
         plan: &plan::Plan,
         ahead_of_time: bool,
     ) -> Result<Checkpoint, SummaryError> {
-        let request = conversation.request;
+        let request = &conversation.request;
         let input = PlanInput {
             roles: &conversation.roles,
             tokens: &conversation.message_tokens,
@@ -150,10 +158,10 @@ impl Engine {
             pinned: base.and_then(|b| b.pinned_user),
             keep_budget: 0,
         };
-        let span: Vec<&crate::request::Message> = plan
-            .newly_covered(&input)
-            .into_iter()
-            .map(|i| &request.messages[i])
+        let span = plan.newly_covered(&input);
+        let views: Vec<(Role, MessageView)> = span
+            .iter()
+            .map(|&i| (request.role(i), request.view(i)))
             .collect();
         let started = Instant::now();
         let timeout = Duration::from_millis(self.config.summary_timeout_ms);
@@ -164,6 +172,7 @@ impl Engine {
                 conversation,
                 base.map(|b| b.summary.as_str()),
                 &span,
+                &views,
             ),
         )
         .await
@@ -175,7 +184,7 @@ impl Engine {
             Some(b) => files::FileOps::from_lists(&b.files_read, &b.files_modified),
             None => files::FileOps::default(),
         };
-        files.collect(span.iter().copied());
+        files.collect(views.iter().map(|(_, view)| view));
         let (files_read, files_modified) = files.into_lists();
         let prefix_hash = identity::hex(&conversation.chain[plan.cut - 1]);
         let created_ms = crate::store::now_ms();
@@ -198,7 +207,7 @@ impl Engine {
             tokens_before: 0,
             tokens_after: 0,
             created_ms,
-            model: request.model.clone(),
+            model: request.model().to_string(),
             ahead_of_time,
         };
         let before = self.view(conversation, base).tokens;
@@ -229,15 +238,16 @@ impl Engine {
     async fn write_summary(
         &self,
         context: &RequestContext,
-        conversation: &Conversation<'_>,
+        conversation: &Conversation,
         previous: Option<&str>,
-        span: &[&crate::request::Message],
+        span: &[usize],
+        views: &[(Role, MessageView)],
     ) -> Result<String, SummaryError> {
         if span.is_empty() {
             return Err(SummaryError::Nothing);
         }
         let model = if self.summarizer.model.is_empty() {
-            conversation.request.model.clone()
+            conversation.request.model().to_string()
         } else {
             self.summarizer.model.clone()
         };
@@ -259,7 +269,7 @@ impl Engine {
         };
         let entries: Vec<String> = span
             .iter()
-            .map(|m| summarize::transcript_entry(m))
+            .map(|&i| conversation.request.transcript(i))
             .collect();
         let instructions: Vec<&str> = [
             self.config.instructions.as_str(),
@@ -285,12 +295,12 @@ impl Engine {
                 max_tokens,
             };
             running = Some(
-                self.summary_writer
+                self.summarizer_for(conversation.request.dialect())
                     .summarize(&request, &context.credentials)
                     .await?,
             );
         }
         let text = running.ok_or(SummaryError::Nothing)?;
-        Ok(record::attach(&text, span, previous, encoding, max_tokens))
+        Ok(record::attach(&text, views, previous, encoding, max_tokens))
     }
 }

@@ -7,14 +7,14 @@
 
 use serde_json::json;
 
-use crate::compaction::{files, rewrite, summarize};
+use crate::compaction::{rewrite, summarize};
 use crate::identity::{self, Hash};
 use crate::measure::overflow::{self, Overflow};
-use crate::measure::{count_message, Encoding, TOKENS_FOR_TOOLS};
-use crate::request::ChatRequest;
+use crate::measure::{count_message, count_message_until, Cancel, Encoding, TOKENS_FOR_TOOLS};
+use crate::request::{ChatRequest, Message};
 
 use super::{
-    AnswerError, ClientError, Dialect, FileOps, RequestError, Rewrite, Role, SummaryRequest,
+    AnswerError, ClientError, Dialect, MessageView, RequestError, Rewrite, Role, SummaryRequest,
     WireRequest,
 };
 
@@ -79,9 +79,32 @@ impl Dialect for Chat {
     fn summary_answer(&self, body: &[u8]) -> Result<String, AnswerError> {
         summarize::read_answer(body)
     }
+
+    fn reported_prompt_tokens(&self, json: &[u8]) -> Option<u64> {
+        serde_json::from_slice::<UsageOnly>(json)
+            .ok()?
+            .usage?
+            .prompt_tokens
+    }
+}
+
+/// Only the field calibration needs: the rest of a (possibly large) answer is skipped without
+/// building values.
+#[derive(serde::Deserialize)]
+struct UsageOnly {
+    usage: Option<PromptTokens>,
+}
+
+#[derive(serde::Deserialize)]
+struct PromptTokens {
+    prompt_tokens: Option<u64>,
 }
 
 impl WireRequest for ChatRequest {
+    fn dialect(&self) -> &'static str {
+        "chat"
+    }
+
     fn model(&self) -> &str {
         &self.model
     }
@@ -118,11 +141,12 @@ impl WireRequest for ChatRequest {
         count_message(encoding, &self.messages[index])
     }
 
-    fn file_ops(&self, index: usize) -> FileOps {
-        let mut ops = files::FileOps::default();
-        ops.collect([&self.messages[index]]);
-        let (read, modified) = ops.into_lists();
-        FileOps { read, modified }
+    fn tokens_until(&self, encoding: Encoding, index: usize, cancel: &Cancel) -> Option<u64> {
+        count_message_until(encoding, &self.messages[index], cancel)
+    }
+
+    fn view(&self, index: usize) -> MessageView {
+        self.messages[index].view().clone()
     }
 
     fn head_tokens(&self, encoding: Encoding) -> u64 {
@@ -131,17 +155,26 @@ impl WireRequest for ChatRequest {
             .sum()
     }
 
+    fn head_parts(&self) -> Vec<&str> {
+        self.tools_raw().collect()
+    }
+
+    fn summary_tokens(&self, encoding: Encoding, text: &str) -> u64 {
+        Message::parse(rewrite::summary_message(text))
+            .map(|m| count_message(encoding, &m))
+            .unwrap_or(0)
+    }
+
+    fn usage_needs_asking(&self) -> bool {
+        self.stream && !self.client_wants_usage
+    }
+
     fn original_body(&self, force_usage: bool) -> Vec<u8> {
         ChatRequest::original_body(self, force_usage)
     }
 
     fn render(&self, rewrite: &Rewrite<'_>, force_usage: bool) -> Vec<u8> {
-        let messages = rewrite::rewrite(
-            self,
-            rewrite.checkpoint,
-            rewrite.tokens,
-            rewrite.merge_into_user,
-        );
+        let messages = rewrite::rewrite(self, rewrite);
         self.to_body(messages.iter().map(|m| &**m), force_usage)
     }
 }

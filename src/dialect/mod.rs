@@ -39,11 +39,11 @@ use std::ops::Range;
 
 use crate::identity::Hash;
 use crate::measure::overflow::Overflow;
-use crate::measure::Encoding;
+use crate::measure::{Cancel, Encoding};
 use crate::store::Checkpoint;
 
 pub use crate::compaction::summarize::AnswerError;
-pub use crate::request::{RequestError, Role};
+pub use crate::request::{MessageView, RequestError, Role};
 
 /// A wire format: parsing its requests, recognising its provider's errors, writing its errors
 /// and its summary requests. One value per format, shared by all requests.
@@ -68,6 +68,18 @@ pub trait Dialect: Send + Sync + 'static {
         None
     }
 
+    /// Whether a stream's first bytes (`head`) cannot yet tell output from a failure, so more
+    /// must be read before forwarding (Responses opens with `response.created` and
+    /// `response.in_progress`, and may then fail). The default: the first bytes tell.
+    fn stream_head_undecided(&self, head: &[u8]) -> bool {
+        let _ = head;
+        false
+    }
+
+    /// The prompt size the provider reports in a whole JSON answer, or in the data of one
+    /// stream event (chat: `usage.prompt_tokens`); what calibration learns from.
+    fn reported_prompt_tokens(&self, json: &[u8]) -> Option<u64>;
+
     /// The body of an error answered by the proxy itself (not forwarded from upstream), in this
     /// dialect's error shape.
     fn error_body(&self, error: &ClientError) -> serde_json::Value;
@@ -83,11 +95,14 @@ pub trait Dialect: Send + Sync + 'static {
 }
 
 /// One parsed request of some dialect: the conversation as elements, and how to write it back.
+/// The engine takes it as `Arc<dyn WireRequest>`, so a summary made ahead of time can keep it.
 ///
 /// Element indices run over the conversation in order (`0..len()`); checkpoints store how many
 /// leading elements they cover, so a dialect must number elements the same way for the same
 /// conversation on every request.
 pub trait WireRequest: Send + Sync {
+    /// The dialect's [`Dialect::name`]: elements of different formats never share a cache entry.
+    fn dialect(&self) -> &'static str;
     /// The model asked for.
     fn model(&self) -> &str;
     /// Whether the client asked for a streamed answer.
@@ -112,14 +127,40 @@ pub trait WireRequest: Send + Sync {
     fn transcript(&self, index: usize) -> String;
     /// Tokens the element costs in the prompt, overhead included.
     fn tokens(&self, encoding: Encoding, index: usize) -> u64;
-    /// File paths the element's tool calls read and modified, in order.
-    fn file_ops(&self, index: usize) -> FileOps {
-        let _ = index;
-        FileOps::default()
+    /// Like [`WireRequest::tokens`], giving up (None) once `cancel` is set; a dialect whose
+    /// elements can be long overrides it to stop mid-element.
+    fn tokens_until(&self, encoding: Encoding, index: usize, cancel: &Cancel) -> Option<u64> {
+        (!cancel.is_set()).then(|| self.tokens(encoding, index))
     }
+    /// The element read as text, tool calls and the id of the call it answers: what the
+    /// summary's record and the file lists are taken from, whatever the wire format.
+    fn view(&self, index: usize) -> MessageView;
 
     /// Tokens of the pinned head that is not an element (chat: `tools`), overhead included.
     fn head_tokens(&self, encoding: Encoding) -> u64;
+    /// The pinned head's original bytes, in parts: the key under which its count is cached
+    /// (agents resend the same tools and system prompt with every request).
+    fn head_parts(&self) -> Vec<&str>;
+    /// Tokens the summary message costs when it carries `text`.
+    fn summary_tokens(&self, encoding: Encoding, text: &str) -> u64;
+    /// Tokens to keep free for the answer, given the configured share of the window
+    /// (`configured`). Chat honours the client's `max_tokens` as it is; a dialect whose clients
+    /// send a fixed large budget whatever the model (Claude Code's 32,000) caps it.
+    fn output_reserve(&self, configured: u64) -> u64 {
+        self.max_output_tokens().unwrap_or(configured)
+    }
+
+    /// Whether the last turn must never be cut inside (split, or its results shortened): its
+    /// steps carry signed reasoning the provider checks (Anthropic's thinking blocks).
+    fn keeps_last_turn_whole(&self) -> bool {
+        false
+    }
+
+    /// Whether a streamed answer reports its prompt size only when asked (a chat stream without
+    /// `stream_options.include_usage`): the proxy then asks, and strips what it added.
+    fn usage_needs_asking(&self) -> bool {
+        false
+    }
 
     /// The body as the client sent it (with `force_usage`: asking a stream for its `usage`).
     fn original_body(&self, force_usage: bool) -> Vec<u8>;
@@ -129,21 +170,15 @@ pub trait WireRequest: Send + Sync {
     fn render(&self, rewrite: &Rewrite<'_>, force_usage: bool) -> Vec<u8>;
 }
 
-/// Paths a span of tool calls read and modified.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct FileOps {
-    pub read: Vec<String>,
-    pub modified: Vec<String>,
-}
-
 /// How to write a request through a checkpoint.
 #[derive(Debug, Clone, Copy)]
 pub struct Rewrite<'a> {
     /// Elements `[0..covered)` are replaced by the summary, except instructions and the pinned
     /// user element; `truncations` cut kept elements' content in the middle.
-    /// The summary message's text is the checkpoint's summary with its file lists appended
-    /// ([`crate::compaction::rewrite::summary_text`]).
     pub checkpoint: &'a Checkpoint,
+    /// The summary message's text: the checkpoint's summary with its file lists appended
+    /// ([`crate::compaction::rewrite::summary_text`]), or the marker of a trimmed conversation.
+    pub text: &'a str,
     /// Tokens per element (for truncations).
     pub tokens: &'a [u64],
     /// Merge the summary into the next user message instead of sending it on its own (for

@@ -103,7 +103,7 @@ impl SpanFacts {
     pub fn of(messages: &[Message], indices: &[usize]) -> SpanFacts {
         let span: Vec<&Message> = indices.iter().map(|&i| &messages[i]).collect();
         let mut files = FileOps::default();
-        files.collect(span.iter().copied());
+        files.collect(span.iter().map(|m| m.view()));
         let paths = files.read.union(&files.modified).cloned().collect();
         let text = span.iter().map(|m| message_text(m)).collect::<Vec<_>>();
         let text = text.join("\n").to_lowercase();

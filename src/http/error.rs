@@ -6,6 +6,8 @@ use axum::response::{IntoResponse, Response};
 use http::StatusCode;
 use serde_json::json;
 
+use crate::dialect::{ClientError, Dialect};
+
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
     #[error("{message}")]
@@ -94,19 +96,35 @@ impl ApiError {
     }
 
     pub fn body(&self) -> serde_json::Value {
+        let e = self.client_error();
+        json!({"error": {"message": e.message, "type": e.kind, "param": e.param, "code": e.code}})
+    }
+
+    /// The error as a dialect writes it.
+    pub fn client_error(&self) -> ClientError {
         let (kind, code) = self.kind_and_code();
         let param = match self {
             ApiError::BadRequest { param, .. } => param.clone(),
             ApiError::ContextLength(_) => Some("messages".into()),
             _ => None,
         };
-        json!({"error": {"message": self.to_string(), "type": kind, "param": param, "code": code}})
+        ClientError {
+            status: self.status().as_u16(),
+            kind,
+            code,
+            param,
+            message: self.to_string(),
+        }
     }
-}
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let mut response = (self.status(), axum::Json(self.body())).into_response();
+    /// The response in `dialect`'s error shape (Anthropic's on `/v1/messages`).
+    pub fn into_response_in(self, dialect: &dyn Dialect) -> Response {
+        let body = dialect.error_body(&self.client_error());
+        self.respond_with(body)
+    }
+
+    fn respond_with(self, body: serde_json::Value) -> Response {
+        let mut response = (self.status(), axum::Json(body)).into_response();
         response
             .headers_mut()
             .insert("x-compactor-error", http::HeaderValue::from_static("true"));
@@ -119,6 +137,13 @@ impl IntoResponse for ApiError {
                 .insert(http::header::RETRY_AFTER, (*retry_after_secs).into());
         }
         response
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = self.body();
+        self.respond_with(body)
     }
 }
 

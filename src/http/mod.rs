@@ -1,18 +1,19 @@
-//! The inbound side: the only module that knows axum. Routes, the chat handler that takes the
-//! measuring path, the pass-through for everything else under `/v1/`, health, metrics and the
-//! checkpoint API.
+//! The inbound side: the only module that knows axum. Routes, the handlers of the measured path
+//! (chat completions, Anthropic Messages, Responses; the path itself is [`measured`]), the
+//! pass-through for everything else under `/v1/`, health, metrics and the checkpoint API.
 
 pub mod error;
 pub mod gateway_keys;
 pub mod limits;
 pub mod log;
+mod measured;
 pub mod path;
 mod request_headers;
 pub mod stream;
 pub mod tenant;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use axum::body::Body;
 use axum::extract::{Path, State};
@@ -22,16 +23,14 @@ use axum::Extension;
 use axum::Router;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Uri};
 
-use crate::compaction::{Engine, Mode, Outcome, Prepared, RequestContext};
+use crate::compaction::Engine;
+use crate::dialect::{anthropic::Messages, chat::Chat, responses::Responses};
 use crate::identity;
-use crate::measure::{overflow, Cancel};
 use crate::metrics::{Metrics, RequestLabels, Route};
-use crate::request::ChatRequest;
-use crate::upstream::{self, Upstream, UpstreamResponse, CREDENTIAL_HEADERS};
+use crate::upstream::{self, Upstream, CREDENTIAL_HEADERS};
 
 pub use error::ApiError;
 use log::Escaped;
-use request_headers::{instructions, refuse_encoded_body};
 
 /// Everything a handler needs.
 pub struct App {
@@ -52,7 +51,12 @@ pub struct App {
 pub fn router(app: Arc<App>) -> Router {
     let provider_routes = Router::new()
         .route("/v1/chat/completions", post(chat).fallback(passthrough))
-        .route("/v1/messages", any(passthrough))
+        .route("/v1/messages", post(messages).fallback(passthrough))
+        .route(
+            "/v1/messages/count_tokens",
+            post(count_tokens).fallback(passthrough),
+        )
+        .route("/v1/responses", post(responses).fallback(passthrough))
         .route("/v1/messages/{*rest}", any(passthrough))
         .route("/v1/{*rest}", any(passthrough))
         .route_layer(axum::middleware::from_fn_with_state(
@@ -173,271 +177,106 @@ fn header_str(headers: &HeaderMap, name: &str) -> Option<String> {
         .map(str::to_string)
 }
 
+/// `POST /v1/chat/completions`: the measured path in the chat dialect.
 async fn chat(
     State(app): State<Arc<App>>,
     Extension(tenant): Extension<tenant::Tenant>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let started = Instant::now();
-    let result = chat_inner(&app, &tenant, &headers, body, started).await;
-    let response = match result {
-        Ok(r) => r,
-        Err(e) => {
-            tracing::info!(method = "POST", path = "/v1/chat/completions", status = e.status().as_u16(), error = %Escaped(&e), "Refused a chat request.");
-            e.into_response()
-        }
+    let target = measured::Target {
+        dialect: &Chat,
+        route: Route::ChatCompletions,
+        path: "/v1/chat/completions",
+        upstream: &app.upstream,
+        upstream_path: "/chat/completions".into(),
     };
-    app.metrics
-        .requests
-        .get_or_create(&RequestLabels {
-            route: Route::ChatCompletions,
-            status: response.status().as_u16(),
-        })
-        .inc();
-    response
+    measured::serve(&app, &tenant, &headers, body, target).await
 }
 
-async fn chat_inner(
-    app: &Arc<App>,
-    tenant: &tenant::Tenant,
-    headers: &HeaderMap,
-    body: Body,
-    started: Instant,
-) -> Result<Response, ApiError> {
-    refuse_encoded_body(headers)?;
-    let instructions = instructions(headers)?;
-    let (bytes, _budget) = app.limits.read_body(headers, body).await?;
-    let request = Arc::new(ChatRequest::parse(&bytes)?);
-    measure_on_blocking_pool(app, &request).await;
-    let mode = match header_str(headers, "x-compactor-mode") {
-        None => Mode::Auto,
-        Some(v) => Mode::parse(&v).ok_or_else(|| ApiError::BadRequest {
-            message: format!("invalid x-compactor-mode `{v}`: expected auto, force or off"),
-            param: Some("x-compactor-mode".into()),
-            code: None,
-        })?,
-    };
-    let context = RequestContext {
-        tenant: tenant.seed,
-        credentials: credential_headers(headers),
-        mode,
-        instructions,
-        force_usage: request.stream && app.calibrate_streams && !request.client_wants_usage,
-    };
-    let outgoing = || {
-        let mut out = forwarded_headers(headers);
-        // Bodies come back uncompressed so usage can be read from them.
-        out.remove(http::header::ACCEPT_ENCODING);
-        out
-    };
-    let prepared = app
-        .engine
-        .prepare(&context, &request, None)
-        .await
-        .map_err(|e| ApiError::ContextLength(e.to_string()))?;
-    let mut upstream_time = Duration::ZERO;
-    let (mut prepared, mut response) =
-        send_timed(app, outgoing(), prepared, &mut upstream_time).await?;
-    if !response.status.is_success() {
-        let error_body = response.read_body(4 * 1024 * 1024).await?;
-        let overflow = overflow::classify(response.status.as_u16(), &error_body)
-            .map(|o| o.unless_echoed(&error_body, &bytes));
-        let retry = overflow.filter(|_| mode != Mode::Off);
-        let Some(overflow) = retry else {
-            return Ok(finish(
-                app,
-                &request,
-                prepared.outcome,
-                response,
-                Some(error_body),
-                started,
-                upstream_time,
-                &context,
-            ));
-        };
-        // The provider's window is smaller than we thought: learn it, compact harder, retry once.
-        app.metrics.overflow_retries.inc();
-        app.engine
-            .learn_overflow(&request.model, overflow, prepared.outcome.sent_raw_tokens)
-            .await;
-        let again = app
-            .engine
-            .prepare(&context, &request, Some(overflow))
-            .await
-            .map_err(|e| ApiError::ContextLength(e.to_string()))?;
-        let summary_before = prepared.outcome.summary_time;
-        (prepared, response) = send_timed(app, outgoing(), again, &mut upstream_time).await?;
-        prepared.outcome.summary_time += summary_before;
-        if !response.status.is_success() {
-            let error_body = response.read_body(4 * 1024 * 1024).await?;
-            return Ok(finish(
-                app,
-                &request,
-                prepared.outcome,
-                response,
-                Some(error_body),
-                started,
-                upstream_time,
-                &context,
-            ));
-        }
-    }
-    Ok(finish(
-        app,
-        &request,
-        prepared.outcome,
-        response,
-        None,
-        started,
-        upstream_time,
-        &context,
-    ))
-}
-
-/// Counts the request's tokens on the blocking pool, which fills the meter's cache for the
-/// engine: a large body never holds up the async workers (health checks, other clients), and
-/// the count stops when the client leaves (this future is dropped).
-async fn measure_on_blocking_pool(app: &App, request: &Arc<ChatRequest>) {
-    let cancel = Cancel::default();
-    let _cancel_when_dropped = cancel.on_drop();
-    let (meter, request) = (app.engine.meter().clone(), request.clone());
-    let counted =
-        tokio::task::spawn_blocking(move || meter.measure_cancellable(&request, &cancel)).await;
-    if let Err(e) = counted {
-        tracing::warn!(error = %e, "Counting tokens on the blocking pool failed.");
-    }
-}
-
-async fn send_timed(
-    app: &App,
+/// `POST /v1/messages`: the measured path in Anthropic's dialect, to the Anthropic provider.
+/// The query (`?beta=true`) goes along.
+async fn messages(
+    State(app): State<Arc<App>>,
+    Extension(tenant): Extension<tenant::Tenant>,
+    uri: Uri,
     headers: HeaderMap,
-    mut prepared: Prepared,
-    upstream_time: &mut Duration,
-) -> Result<(Prepared, UpstreamResponse), ApiError> {
-    let sent = Instant::now();
-    let body = upstream::body_from(std::mem::take(&mut prepared.body));
-    let response = app
-        .upstream
-        .send(Method::POST, "/chat/completions", headers, body)
-        .await;
-    let elapsed = sent.elapsed();
-    *upstream_time += elapsed;
-    app.metrics.upstream_seconds.observe(elapsed.as_secs_f64());
-    Ok((prepared, response?))
+    body: Body,
+) -> Response {
+    let upstream_path = match uri.query() {
+        Some(q) => format!("/v1/messages?{q}"),
+        None => "/v1/messages".into(),
+    };
+    let target = measured::Target {
+        dialect: &Messages,
+        route: Route::Messages,
+        path: "/v1/messages",
+        upstream: &app.anthropic_upstream,
+        upstream_path,
+    };
+    measured::serve(&app, &tenant, &headers, body, target).await
+}
+
+/// `POST /v1/messages/count_tokens`: counted through the conversation's checkpoint.
+async fn count_tokens(
+    State(app): State<Arc<App>>,
+    Extension(tenant): Extension<tenant::Tenant>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let upstream_path = match uri.query() {
+        Some(q) => format!("/v1/messages/count_tokens?{q}"),
+        None => "/v1/messages/count_tokens".into(),
+    };
+    let target = measured::Target {
+        dialect: &Messages,
+        route: Route::Messages,
+        path: "/v1/messages/count_tokens",
+        upstream: &app.anthropic_upstream,
+        upstream_path,
+    };
+    measured::count_through_checkpoint(&app, &tenant, &headers, body, target).await
+}
+
+/// `POST /v1/responses`: the measured path in the Responses dialect. A request that relies on
+/// state the provider holds (`previous_response_id`, `conversation`) carries history the proxy
+/// cannot see: it is forwarded untouched and says so.
+async fn responses(
+    State(app): State<Arc<App>>,
+    Extension(tenant): Extension<tenant::Tenant>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let (bytes, body) = match app.limits.read_body(&headers, body).await {
+        Ok((bytes, _budget)) => (bytes.clone(), Body::from(bytes)),
+        Err(e) => return e.into_response(),
+    };
+    if crate::dialect::responses::uses_server_state(&bytes) {
+        let mut response = passthrough(State(app), method, uri, headers, body).await;
+        set(
+            response.headers_mut(),
+            "x-compactor-compaction",
+            "skipped; reason=server-state",
+        );
+        return response;
+    }
+    let target = measured::Target {
+        dialect: &Responses,
+        route: Route::Responses,
+        path: "/v1/responses",
+        upstream: &app.upstream,
+        upstream_path: "/responses".into(),
+    };
+    measured::serve(&app, &tenant, &headers, body, target).await
 }
 
 fn set(headers: &mut HeaderMap, name: &'static str, value: impl ToString) {
     if let Ok(v) = HeaderValue::from_str(&value.to_string()) {
         headers.insert(HeaderName::from_static(name), v);
     }
-}
-
-#[allow(clippy::too_many_arguments)]
-fn finish(
-    app: &Arc<App>,
-    request: &ChatRequest,
-    outcome: Outcome,
-    response: UpstreamResponse,
-    error_body: Option<bytes::Bytes>,
-    started: Instant,
-    upstream_time: Duration,
-    context: &RequestContext,
-) -> Response {
-    let UpstreamResponse {
-        status,
-        mut headers,
-        body,
-    } = response;
-    let overhead = started
-        .elapsed()
-        .saturating_sub(upstream_time)
-        .saturating_sub(outcome.summary_time);
-    app.metrics.overhead_seconds.observe(overhead.as_secs_f64());
-    set(
-        &mut headers,
-        "x-compactor-prompt-tokens",
-        outcome.prompt_tokens,
-    );
-    set(&mut headers, "x-compactor-context-window", outcome.window);
-    set(
-        &mut headers,
-        "x-compactor-overhead-ms",
-        format!("{:.3}", overhead.as_secs_f64() * 1000.0),
-    );
-    set(&mut headers, "x-compactor-compacted", outcome.compacted);
-    set(
-        &mut headers,
-        "x-compactor-tokens-before",
-        outcome.tokens_before,
-    );
-    set(
-        &mut headers,
-        "x-compactor-tokens-after",
-        outcome.tokens_after,
-    );
-    if let Some(id) = &outcome.checkpoint_id {
-        set(&mut headers, "x-compactor-checkpoint", id);
-    }
-    if !outcome.summary_time.is_zero() {
-        set(
-            &mut headers,
-            "x-compactor-summary-ms",
-            outcome.summary_time.as_millis(),
-        );
-    }
-    if let Some(status) = &outcome.status {
-        set(
-            &mut headers,
-            "x-compactor-compaction",
-            status.header_value(),
-        );
-    }
-    if outcome.ready_checkpoint_used {
-        set(&mut headers, "x-compactor-ready-checkpoint", "true");
-    }
-    // Checked again now: the store may have noticed an outage while serving this request.
-    if outcome.store_degraded || !app.engine.store().healthy() {
-        set(&mut headers, "x-compactor-store", "degraded");
-    }
-    tracing::info!(
-        method = "POST",
-        path = "/v1/chat/completions",
-        status = status.as_u16(),
-        model = %Escaped(&request.model),
-        prompt_tokens = outcome.prompt_tokens,
-        tokens_sent = outcome.tokens_after,
-        compacted = outcome.compacted,
-        upstream_ms = upstream_time.as_millis() as u64,
-        overhead_ms = overhead.as_secs_f64() * 1000.0,
-        "Served a chat request."
-    );
-    let body = match error_body {
-        Some(bytes) => Body::from(bytes),
-        None => {
-            let engine = app.engine.clone();
-            let model = request.model.clone();
-            let counted = outcome.sent_raw_tokens;
-            let sink: stream::UsageSink =
-                Box::new(move |prompt_tokens| engine.observe_usage(&model, counted, prompt_tokens));
-            let is_sse = headers
-                .get(http::header::CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok())
-                .is_some_and(|v| v.starts_with("text/event-stream"));
-            if is_sse {
-                if context.force_usage {
-                    headers.remove(http::header::CONTENT_LENGTH);
-                }
-                Body::from_stream(stream::Observed::sse(body, context.force_usage, sink))
-            } else {
-                Body::from_stream(stream::Observed::json(body, sink))
-            }
-        }
-    };
-    let mut out = Response::new(body);
-    *out.status_mut() = status;
-    *out.headers_mut() = headers;
-    out
 }
 
 async fn passthrough(

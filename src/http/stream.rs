@@ -1,4 +1,5 @@
-//! Response bodies on their way to the client: forwarded chunk by chunk, watched for `usage`.
+//! Response bodies on their way to the client: forwarded chunk by chunk, watched for `usage`
+//! (read in the answer's dialect, [`Dialect::reported_prompt_tokens`]).
 //!
 //! A streaming body is split into SSE events only where the proxy added
 //! `stream_options.include_usage` itself: there the usage-only event is read and removed, so the
@@ -11,9 +12,10 @@ use std::task::{Context, Poll};
 use bytes::{Bytes, BytesMut};
 use futures::Stream;
 
+use crate::dialect::Dialect;
 use crate::upstream::ByteStream;
 
-/// Called once with `usage.prompt_tokens` when the body ends and reported it.
+/// Called once with the prompt size the provider reported, when the body ends and reported it.
 pub type UsageSink = Box<dyn FnOnce(u64) + Send>;
 
 /// Most bytes of a non-streaming body kept to read its usage.
@@ -28,6 +30,8 @@ pub struct Observed {
     json_len: usize,
     sink: Option<UsageSink>,
     prompt_tokens: Option<u64>,
+    /// Reads `usage` in the answer's format.
+    dialect: &'static dyn Dialect,
 }
 
 enum ObserveMode {
@@ -38,16 +42,32 @@ enum ObserveMode {
 }
 
 impl Observed {
-    pub fn json(inner: ByteStream, sink: UsageSink) -> Observed {
-        Observed::new(inner, ObserveMode::Json, sink)
+    pub fn json(inner: ByteStream, dialect: &'static dyn Dialect, sink: UsageSink) -> Observed {
+        Observed::new(inner, ObserveMode::Json, dialect, sink)
     }
 
-    pub fn sse(inner: ByteStream, strip_usage: bool, sink: UsageSink) -> Observed {
-        Observed::new(inner, ObserveMode::Sse { strip: strip_usage }, sink)
+    pub fn sse(
+        inner: ByteStream,
+        strip_usage: bool,
+        dialect: &'static dyn Dialect,
+        sink: UsageSink,
+    ) -> Observed {
+        Observed::new(
+            inner,
+            ObserveMode::Sse { strip: strip_usage },
+            dialect,
+            sink,
+        )
     }
 
-    fn new(inner: ByteStream, mode: ObserveMode, sink: UsageSink) -> Observed {
+    fn new(
+        inner: ByteStream,
+        mode: ObserveMode,
+        dialect: &'static dyn Dialect,
+        sink: UsageSink,
+    ) -> Observed {
         Observed {
+            dialect,
             inner,
             mode,
             buffer: BytesMut::new(),
@@ -88,11 +108,12 @@ impl Observed {
         let mut out = Vec::with_capacity(self.buffer.len());
         while let Some(end) = find_event_end(&self.buffer) {
             let event = self.buffer.split_to(end);
-            let usage = usage_of_event(&event);
-            if let Some((tokens, usage_only)) = usage {
-                self.prompt_tokens = Some(tokens);
-                if strip && usage_only {
-                    continue;
+            if let Some(data) = usage_event_data(&event) {
+                if let Some(tokens) = self.dialect.reported_prompt_tokens(data.as_bytes()) {
+                    self.prompt_tokens = Some(tokens);
+                    if strip && is_usage_only(&data) {
+                        continue;
+                    }
                 }
             }
             out.extend_from_slice(&event);
@@ -121,8 +142,8 @@ fn find_event_end(buffer: &[u8]) -> Option<usize> {
     }
 }
 
-/// `usage.prompt_tokens` of an event, and whether the event carries nothing else.
-fn usage_of_event(event: &[u8]) -> Option<(u64, bool)> {
+/// The data of an event that mentions `usage`.
+fn usage_event_data(event: &[u8]) -> Option<String> {
     if !memchr_usage(event) {
         return None;
     }
@@ -133,13 +154,17 @@ fn usage_of_event(event: &[u8]) -> Option<(u64, bool)> {
         .map(|l| l.trim_start())
         .collect::<Vec<_>>()
         .join("\n");
-    let value: serde_json::Value = serde_json::from_str(&data).ok()?;
-    let tokens = value.get("usage")?.get("prompt_tokens")?.as_u64()?;
-    let usage_only = value
-        .get("choices")
-        .and_then(|c| c.as_array())
-        .is_some_and(|c| c.is_empty());
-    Some((tokens, usage_only))
+    Some(data)
+}
+
+/// Whether a chat stream event carries usage and nothing else (the event the proxy asked for).
+fn is_usage_only(data: &str) -> bool {
+    serde_json::from_str::<serde_json::Value>(data).is_ok_and(|value| {
+        value
+            .get("choices")
+            .and_then(|c| c.as_array())
+            .is_some_and(|c| c.is_empty())
+    })
 }
 
 impl Drop for Observed {
@@ -157,34 +182,16 @@ impl Drop for Observed {
 }
 
 impl Observed {
-    /// `usage.prompt_tokens` of the JSON body seen so far, if it was complete and small enough.
+    /// The prompt size the JSON body seen so far reports, if it was complete and small enough.
     fn json_body_usage(&self) -> Option<u64> {
         if self.json_len > JSON_TAIL_LIMIT {
             return None;
         }
         match self.json_chunks.as_slice() {
-            [single] => json_usage(single),
-            chunks => json_usage(&chunks.concat()),
+            [single] => self.dialect.reported_prompt_tokens(single),
+            chunks => self.dialect.reported_prompt_tokens(&chunks.concat()),
         }
     }
-}
-
-/// Only the field we need is read; everything else is skipped without building values.
-#[derive(serde::Deserialize)]
-struct UsageOnly {
-    usage: Option<PromptTokens>,
-}
-
-#[derive(serde::Deserialize)]
-struct PromptTokens {
-    prompt_tokens: Option<u64>,
-}
-
-fn json_usage(body: &[u8]) -> Option<u64> {
-    serde_json::from_slice::<UsageOnly>(body)
-        .ok()?
-        .usage?
-        .prompt_tokens
 }
 
 impl Stream for Observed {
@@ -221,7 +228,10 @@ impl Stream for Observed {
                     } else if !self.buffer.is_empty() {
                         // A final event without its blank line: forward it as it is.
                         let rest = self.buffer.split().freeze();
-                        if let Some((tokens, _)) = usage_of_event(&rest) {
+                        let data = usage_event_data(&rest);
+                        if let Some(tokens) =
+                            data.and_then(|d| self.dialect.reported_prompt_tokens(d.as_bytes()))
+                        {
                             self.prompt_tokens = Some(tokens);
                         }
                         self.report();
@@ -240,6 +250,7 @@ impl Stream for Observed {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dialect::chat::Chat;
     use futures::StreamExt;
     use std::sync::{Arc, Mutex};
 
@@ -275,6 +286,7 @@ mod tests {
                 "data: [DONE]\n\n",
             ]),
             true,
+            &Chat,
             s,
         ))
         .await;
@@ -289,7 +301,7 @@ mod tests {
     async fn keeps_usage_the_client_asked_for() {
         let (s, seen) = sink();
         let input = ["data: {\"choices\":[{}]}\n\n", USAGE, "data: [DONE]\n\n"];
-        let out = run(Observed::sse(source(&input), false, s)).await;
+        let out = run(Observed::sse(source(&input), false, &Chat, s)).await;
         assert_eq!(out, input.concat());
         assert_eq!(*seen.lock().unwrap(), Some(42));
     }
@@ -299,10 +311,30 @@ mod tests {
         let (s, seen) = sink();
         let out = run(Observed::json(
             source(&["{\"choices\":[],", "\"usage\":{\"prompt_tokens\":7}}"]),
+            &Chat,
             s,
         ))
         .await;
         assert_eq!(out, "{\"choices\":[],\"usage\":{\"prompt_tokens\":7}}");
         assert_eq!(*seen.lock().unwrap(), Some(7));
+    }
+
+    #[tokio::test]
+    async fn reads_usage_in_the_answers_dialect() {
+        use crate::dialect::{anthropic::Messages, responses::Responses};
+        let (s, seen) = sink();
+        let start = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":5,\"cache_read_input_tokens\":90,\"cache_creation_input_tokens\":10}}}\n\n";
+        let input = [
+            start,
+            "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+        ];
+        let out = run(Observed::sse(source(&input), false, &Messages, s)).await;
+        assert_eq!(out, input.concat());
+        assert_eq!(*seen.lock().unwrap(), Some(105));
+
+        let (s, seen) = sink();
+        let done = "event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"usage\":{\"input_tokens\":321,\"output_tokens\":4}}}\n\n";
+        run(Observed::sse(source(&[done]), false, &Responses, s)).await;
+        assert_eq!(*seen.lock().unwrap(), Some(321));
     }
 }

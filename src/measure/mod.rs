@@ -1,9 +1,10 @@
-//! Measuring: how many tokens a chat request costs, and how large the model's window is.
+//! Measuring: how many tokens a request costs, and how large the model's window is.
 //!
-//! Counts are exact for OpenAI's tokenizers (tiktoken `o200k_base` / `cl100k_base`) and follow
-//! OpenAI's accounting of chat overhead. Each message is counted once: the count and the
-//! message's canonical hash are cached under a hash of its raw bytes, so a conversation that grows
-//! by one turn costs only that turn. Other model families are corrected by a learned factor
+//! Counts are exact for OpenAI's tokenizers (tiktoken `o200k_base` / `cl100k_base`); each
+//! dialect adds its format's overhead ([`WireRequest::tokens`]; chat follows OpenAI's accounting,
+//! [`count_message`]). Each element is counted once: the count and the element's canonical hash
+//! are cached under a hash of its dialect and raw bytes, so a conversation that grows by one turn
+//! costs only that turn. Other model families are corrected by a learned factor
 //! (see [`calibration`]). When the provider says the window is full, [`overflow`] reads what
 //! it said: the real window and its own count of the prompt.
 //!
@@ -23,8 +24,9 @@ use std::sync::Arc;
 use quick_cache::sync::Cache;
 use tiktoken_rs::CoreBPE;
 
-use crate::identity::{canonical_hash, Hash};
-use crate::request::{ChatRequest, Message};
+use crate::dialect::WireRequest;
+use crate::identity::Hash;
+use crate::request::Message;
 
 /// Tokens every message costs beyond its content (role and delimiters).
 pub const TOKENS_PER_MESSAGE: u64 = 3;
@@ -83,7 +85,7 @@ impl Encoding {
     }
 
     /// Like [`Encoding::count`], giving up (None) once `cancel` is set.
-    fn count_until(self, text: &str, cancel: &Cancel) -> Option<u64> {
+    pub(crate) fn count_until(self, text: &str, cancel: &Cancel) -> Option<u64> {
         let bpe = self.bpe();
         let mut tokens = 0;
         for piece in bounded_pieces(text) {
@@ -159,10 +161,10 @@ impl Drop for CancelOnDrop {
     }
 }
 
-/// What the cache knows of one message.
+/// What the cache knows of one element of a conversation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MessageFacts {
-    /// Hash of the message's canonical JSON (key order and whitespace do not matter).
+pub struct ElementFacts {
+    /// Hash of the element's canonical form (see [`WireRequest::canonical`]).
     pub canonical: Hash,
     /// Tokens, overhead included.
     pub tokens: u64,
@@ -172,21 +174,23 @@ pub struct MessageFacts {
 #[derive(Debug, Clone)]
 pub struct Measured {
     pub encoding: Encoding,
-    pub messages: Vec<MessageFacts>,
-    pub tools_tokens: u64,
+    /// The conversation's elements, in order.
+    pub elements: Vec<ElementFacts>,
+    /// The pinned head that is not an element (chat: `tools`).
+    pub head_tokens: u64,
 }
 
 impl Measured {
-    /// The prompt's total: messages, tools, reply priming.
+    /// The prompt's total: elements, head, reply priming.
     pub fn total(&self) -> u64 {
-        self.messages.iter().map(|m| m.tokens).sum::<u64>() + self.tools_tokens + REPLY_PRIMING
+        self.elements.iter().map(|m| m.tokens).sum::<u64>() + self.head_tokens + REPLY_PRIMING
     }
 }
 
 /// Counts tokens, with a bounded per-message cache shared by all requests.
 #[derive(Clone)]
 pub struct Meter {
-    cache: Arc<Cache<(u8, Hash), MessageFacts>>,
+    cache: Arc<Cache<(u8, Hash), ElementFacts>>,
 }
 
 impl Meter {
@@ -203,70 +207,66 @@ impl Meter {
         Encoding::O200k.count("warm");
     }
 
-    pub fn measure(&self, request: &ChatRequest) -> Measured {
+    pub fn measure(&self, request: &dyn WireRequest) -> Measured {
         self.measure_cancellable(request, &Cancel::default())
             .expect("an uncancelled count completes")
     }
 
     /// Measures `request`, giving up (None) once `cancel` is set. Counts finished before that
     /// stay cached, so nothing is counted twice when the measurement is run again.
-    pub fn measure_cancellable(&self, request: &ChatRequest, cancel: &Cancel) -> Option<Measured> {
-        let encoding = Encoding::for_model(&request.model);
-        let messages = request
-            .messages
-            .iter()
-            .map(|m| self.message_until(encoding, m, cancel))
+    pub fn measure_cancellable(
+        &self,
+        request: &dyn WireRequest,
+        cancel: &Cancel,
+    ) -> Option<Measured> {
+        let encoding = Encoding::for_model(request.model());
+        let elements = (0..request.len())
+            .map(|i| self.element_until(encoding, request, i, cancel))
             .collect::<Option<Vec<_>>>()?;
-        let mut tools_tokens = 0;
-        for raw in request.tools_raw() {
-            tools_tokens += self.tools(encoding, raw, cancel)?;
-        }
         Some(Measured {
             encoding,
-            messages,
-            tools_tokens,
+            elements,
+            head_tokens: self.head(encoding, request, cancel)?,
         })
     }
 
-    /// Facts about one message, from the cache when its exact bytes were seen before.
-    pub fn message(&self, encoding: Encoding, message: &Message) -> MessageFacts {
-        self.message_until(encoding, message, &Cancel::default())
-            .expect("an uncancelled count completes")
-    }
-
-    fn message_until(
+    /// Facts about one element, from the cache when its exact bytes were seen before in the
+    /// same dialect.
+    fn element_until(
         &self,
         encoding: Encoding,
-        message: &Message,
+        request: &dyn WireRequest,
+        index: usize,
         cancel: &Cancel,
-    ) -> Option<MessageFacts> {
-        let key = (
-            encoding.index(),
-            *blake3::hash(message.raw.get().as_bytes()).as_bytes(),
-        );
+    ) -> Option<ElementFacts> {
+        let key = cache_key(encoding.index(), request.dialect(), [request.raw(index)]);
         if let Some(found) = self.cache.get(&key) {
             return Some(found);
         }
-        let facts = MessageFacts {
-            canonical: canonical_hash(&message.raw),
-            tokens: count_message_until(encoding, message, cancel)?,
+        let facts = ElementFacts {
+            canonical: request.canonical(index),
+            tokens: request.tokens_until(encoding, index, cancel)?,
         };
         self.cache.insert(key, facts);
         Some(facts)
     }
 
-    /// Tokens of a tool definitions block; agents resend the same block with every request, so
-    /// it is cached like a message.
-    fn tools(&self, encoding: Encoding, raw: &str, cancel: &Cancel) -> Option<u64> {
-        let key = (
-            encoding.index() | 0x80,
-            *blake3::hash(raw.as_bytes()).as_bytes(),
-        );
+    /// Tokens of the pinned head; agents resend the same tools and system prompt with every
+    /// request, so it is cached like an element.
+    fn head(&self, encoding: Encoding, request: &dyn WireRequest, cancel: &Cancel) -> Option<u64> {
+        if cancel.is_set() {
+            return None;
+        }
+        let parts = request.head_parts();
+        if parts.is_empty() {
+            return Some(request.head_tokens(encoding));
+        }
+        let key = cache_key(encoding.index() | 0x80, request.dialect(), parts);
         if let Some(found) = self.cache.get(&key) {
             return Some(found.tokens);
         }
-        let tokens = encoding.count_until(raw, cancel)? + TOKENS_FOR_TOOLS;
-        let facts = MessageFacts {
+        let tokens = request.head_tokens(encoding);
+        let facts = ElementFacts {
             canonical: key.1,
             tokens,
         };
@@ -280,12 +280,28 @@ impl Meter {
     }
 }
 
+/// The cache key of some bytes of one dialect: elements that are byte-identical in two formats
+/// (`{"role":"user","content":"hi"}`) may count differently.
+fn cache_key<'a>(kind: u8, dialect: &str, parts: impl IntoIterator<Item = &'a str>) -> (u8, Hash) {
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(dialect.as_bytes());
+    for part in parts {
+        hasher.update(&(part.len() as u64).to_le_bytes());
+        hasher.update(part.as_bytes());
+    }
+    (kind, *hasher.finalize().as_bytes())
+}
+
 /// Tokens of one message, without the cache.
 pub fn count_message(encoding: Encoding, message: &Message) -> u64 {
     count_message_until(encoding, message, &Cancel::default()).unwrap_or(0)
 }
 
-fn count_message_until(encoding: Encoding, message: &Message, cancel: &Cancel) -> Option<u64> {
+pub(crate) fn count_message_until(
+    encoding: Encoding,
+    message: &Message,
+    cancel: &Cancel,
+) -> Option<u64> {
     let view = message.view();
     let count = |text: &str| encoding.count_until(text, cancel);
     let mut tokens = TOKENS_PER_MESSAGE + count(message.role.as_str())? + count(&view.text)?;
@@ -304,6 +320,7 @@ fn count_message_until(encoding: Encoding, message: &Message, cancel: &Cancel) -
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::request::ChatRequest;
 
     #[test]
     fn picks_encoding_by_family() {
@@ -350,7 +367,7 @@ mod tests {
         let b = meter.measure(&next);
         // Only the new message was tokenized and added.
         assert_eq!(meter.cached(), 3);
-        assert_eq!(a.messages[..], b.messages[..2]);
+        assert_eq!(a.elements[..], b.elements[..2]);
     }
 
     #[test]

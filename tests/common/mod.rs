@@ -430,8 +430,10 @@ pub fn completion_json(text: &str, prompt_tokens: u64) -> Value {
     completion(text, prompt_tokens)
 }
 
+pub mod messages_mock;
 pub mod redis_cluster;
 pub mod redis_server;
+pub mod responses_mock;
 
 /// `GET url` with an optional `Authorization` value: the status and the body as text.
 pub async fn get(url: &str, auth: Option<&str>) -> (u16, String) {

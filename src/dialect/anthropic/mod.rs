@@ -16,14 +16,16 @@ pub mod wire;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use crate::compaction::rewrite::{cut_middle, summary_text};
+use crate::compaction::rewrite::cut_middle;
 use crate::identity::{self, Hash};
 use crate::measure::overflow::{self, Overflow};
 use crate::measure::Encoding;
 
 use super::{
-    AnswerError, ClientError, Dialect, RequestError, Rewrite, Role, SummaryRequest, WireRequest,
+    AnswerError, ClientError, Dialect, MessageView, RequestError, Rewrite, Role, SummaryRequest,
+    WireRequest,
 };
+use crate::request::ToolCall;
 use parse::{Author, MessagesRequest};
 
 /// Tokens a message costs beyond its text (role and block framing).
@@ -85,6 +87,13 @@ impl Dialect for Messages {
     fn summary_answer(&self, body: &[u8]) -> Result<String, AnswerError> {
         wire::read_answer(body)
     }
+
+    /// `usage` of the answer, or of a stream's `message_start`: fresh, cached and cache-written
+    /// input together.
+    fn reported_prompt_tokens(&self, json: &[u8]) -> Option<u64> {
+        let value: Value = serde_json::from_slice(json).ok()?;
+        wire::usage_of(&value).and_then(wire::prompt_tokens)
+    }
 }
 
 /// Rewords the proxy's "cannot fit" message the way Anthropic words an overflow, which clients
@@ -102,6 +111,10 @@ fn too_long(message: &str) -> String {
 }
 
 impl WireRequest for MessagesRequest {
+    fn dialect(&self) -> &'static str {
+        "messages"
+    }
+
     fn model(&self) -> &str {
         &self.model
     }
@@ -169,6 +182,34 @@ impl WireRequest for MessagesRequest {
         system + tools + MESSAGE_OVERHEAD
     }
 
+    fn head_parts(&self) -> Vec<&str> {
+        self.system_raw()
+            .into_iter()
+            .chain(self.tools_raw())
+            .collect()
+    }
+
+    fn summary_tokens(&self, encoding: Encoding, text: &str) -> u64 {
+        encoding.count(text) + MESSAGE_OVERHEAD
+    }
+
+    /// Claude Code asks for 32,000 or more output tokens whatever the model: taken as it is, that
+    /// budget alone would fill a small window, so it is capped at the configured share.
+    fn output_reserve(&self, configured: u64) -> u64 {
+        self.max_tokens
+            .map_or(configured, |asked| asked.min(configured))
+    }
+
+    fn view(&self, index: usize) -> MessageView {
+        view_of(&self.messages[index])
+    }
+
+    /// With thinking on, the tool loop in progress carries signed thinking blocks that must
+    /// reach the model exactly as they were made.
+    fn keeps_last_turn_whole(&self) -> bool {
+        self.thinking
+    }
+
     fn original_body(&self, _force_usage: bool) -> Vec<u8> {
         // Messages streams always report usage (in `message_start`): nothing to ask for.
         self.to_body(self.messages.iter().map(|m| &*m.raw))
@@ -177,12 +218,8 @@ impl WireRequest for MessagesRequest {
     fn render(&self, rewrite: &Rewrite<'_>, _force_usage: bool) -> Vec<u8> {
         let checkpoint = rewrite.checkpoint;
         let covered = checkpoint.covered.min(self.messages.len());
-        let text = summary_text(
-            &checkpoint.summary,
-            &checkpoint.files_read,
-            &checkpoint.files_modified,
-        );
-        let summary = to_raw(&wire::summary_message(&text));
+        let text = rewrite.text;
+        let summary = to_raw(&wire::summary_message(text));
         let pinned = (0..covered).filter(|&i| {
             self.messages[i].role == Author::System || Some(i) == checkpoint.pinned_user
         });
@@ -214,6 +251,32 @@ impl WireRequest for MessagesRequest {
             .chain(kept);
         self.to_body(messages)
     }
+}
+
+/// A message read as text, tool calls (`tool_use` blocks, their `input` as the arguments) and
+/// the call its first `tool_result` answers.
+fn view_of(message: &parse::Message) -> MessageView {
+    let mut view = MessageView::default();
+    let mut texts = Vec::new();
+    for block in &message.blocks {
+        let str_of = |field: &str| block.get(field).and_then(Value::as_str).unwrap_or("");
+        match block.get("type").and_then(Value::as_str).unwrap_or("") {
+            "tool_use" | "server_tool_use" | "mcp_tool_use" => view.tool_calls.push(ToolCall {
+                id: str_of("id").to_string(),
+                name: str_of("name").to_string(),
+                arguments: block.get("input").map(Value::to_string).unwrap_or_default(),
+            }),
+            "image" | "document" => view.media_parts += 1,
+            kind => {
+                if kind == "tool_result" && view.tool_call_id.is_none() {
+                    view.tool_call_id = Some(str_of("tool_use_id").to_string());
+                }
+                texts.push(block_text(block));
+            }
+        }
+    }
+    view.text = texts.join("\n");
+    view
 }
 
 /// The text a block puts in front of the model.

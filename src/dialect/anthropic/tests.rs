@@ -101,6 +101,7 @@ fn render_puts_the_summary_first_and_keeps_the_rest_byte_for_byte() {
             checkpoint: &cp,
             tokens: &tokens,
             merge_into_user: false,
+            text: &crate::compaction::rewrite::summary_text(&cp.summary, &[], &[]),
         },
         false,
     );

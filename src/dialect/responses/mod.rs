@@ -27,6 +27,18 @@ pub use request::ResponsesRequest;
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Responses;
 
+/// Whether a request body relies on state the provider holds (`previous_response_id`,
+/// `conversation`): its history is not all in the body, so the proxy cannot compact it.
+pub fn uses_server_state(body: &[u8]) -> bool {
+    #[derive(serde::Deserialize)]
+    struct ServerState {
+        previous_response_id: Option<serde::de::IgnoredAny>,
+        conversation: Option<serde::de::IgnoredAny>,
+    }
+    serde_json::from_slice::<ServerState>(body)
+        .is_ok_and(|s| s.previous_response_id.is_some() || s.conversation.is_some())
+}
+
 impl Dialect for Responses {
     fn name(&self) -> &'static str {
         "responses"
@@ -60,6 +72,28 @@ impl Dialect for Responses {
             return overflow::classify(400, json!({ "error": error }).to_string().as_bytes());
         }
         None
+    }
+
+    /// Undecided while every complete event so far only opens the response
+    /// (`response.created`, `response.in_progress`).
+    fn stream_head_undecided(&self, head: &[u8]) -> bool {
+        let text = String::from_utf8_lossy(head);
+        let mut opening_only = true;
+        for line in text.lines() {
+            let Some(kind) = line.strip_prefix("event:").map(str::trim) else {
+                continue;
+            };
+            opening_only &= matches!(kind, "response.created" | "response.in_progress");
+        }
+        opening_only
+    }
+
+    /// `usage.input_tokens` of a response, or of the response a `response.completed` event
+    /// carries.
+    fn reported_prompt_tokens(&self, json: &[u8]) -> Option<u64> {
+        let value: Value = serde_json::from_slice(json).ok()?;
+        let response = value.get("response").unwrap_or(&value);
+        response.pointer("/usage/input_tokens")?.as_u64()
     }
 
     /// OpenAI's error shape, as for chat completions.

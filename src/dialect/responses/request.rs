@@ -6,11 +6,12 @@ use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use super::items::{self, Item, ItemKind};
-use crate::compaction::rewrite::{cut_middle, summary_text};
+use crate::compaction::rewrite::cut_middle;
 use crate::compaction::summarize::{TRANSCRIPT_MESSAGE_CHARS, TRANSCRIPT_RESULT_CHARS};
-use crate::dialect::{RequestError, Rewrite, Role, WireRequest};
+use crate::dialect::{MessageView, RequestError, Rewrite, Role, WireRequest};
 use crate::identity::{self, Hash};
 use crate::measure::{Encoding, TOKENS_FOR_TOOLS};
+use crate::request::ToolCall;
 
 /// Tokens an item costs besides its text (the chat template's framing).
 const TOKENS_PER_ITEM: u64 = 4;
@@ -162,6 +163,10 @@ fn merged_into(item: &RawValue, text: &str) -> Box<RawValue> {
 }
 
 impl WireRequest for ResponsesRequest {
+    fn dialect(&self) -> &'static str {
+        "responses"
+    }
+
     fn model(&self) -> &str {
         &self.model
     }
@@ -227,6 +232,49 @@ impl WireRequest for ResponsesRequest {
         count("instructions") + count("tools")
     }
 
+    fn head_parts(&self) -> Vec<&str> {
+        ["instructions", "tools"]
+            .iter()
+            .filter_map(|key| self.fields.get(*key).map(|raw| raw.get()))
+            .collect()
+    }
+
+    fn summary_tokens(&self, encoding: Encoding, text: &str) -> u64 {
+        TOKENS_PER_ITEM + encoding.count(text)
+    }
+
+    fn view(&self, index: usize) -> MessageView {
+        let item = &self.items[index];
+        let text = self.text(index).map(|(_, text)| text).unwrap_or_default();
+        let mut view = MessageView::default();
+        match &item.kind {
+            ItemKind::Call => {
+                let value: Value = serde_json::from_str(item.raw.get()).unwrap_or(Value::Null);
+                let name = value.get("name").and_then(Value::as_str);
+                // A `local_shell_call` names no tool: its `action` holds the command.
+                let arguments = match value.get("arguments").or_else(|| value.get("input")) {
+                    Some(Value::String(s)) => s.clone(),
+                    Some(other) => other.to_string(),
+                    None => value
+                        .get("action")
+                        .map(Value::to_string)
+                        .unwrap_or_default(),
+                };
+                view.tool_calls.push(ToolCall {
+                    id: item.call_id.clone().unwrap_or_default(),
+                    name: name.unwrap_or("shell").to_string(),
+                    arguments,
+                });
+            }
+            ItemKind::Output => {
+                view.tool_call_id = item.call_id.clone();
+                view.text = text;
+            }
+            _ => view.text = text,
+        }
+        view
+    }
+
     fn original_body(&self, _force_usage: bool) -> Vec<u8> {
         // Usage always comes in `response.completed`: nothing to ask for.
         self.original.clone()
@@ -235,11 +283,7 @@ impl WireRequest for ResponsesRequest {
     fn render(&self, rewrite: &Rewrite<'_>, _force_usage: bool) -> Vec<u8> {
         let checkpoint = rewrite.checkpoint;
         let covered = checkpoint.covered.min(self.items.len());
-        let text = summary_text(
-            &checkpoint.summary,
-            &checkpoint.files_read,
-            &checkpoint.files_modified,
-        );
+        let text = rewrite.text;
         let mut out: Vec<Box<RawValue>> = self.items[..covered]
             .iter()
             .zip(&self.roles)
@@ -261,9 +305,9 @@ impl WireRequest for ResponsesRequest {
             .collect();
         match rest.first_mut() {
             Some((i, first)) if rewrite.merge_into_user && self.roles[*i] == Role::User => {
-                *first = merged_into(first, &text);
+                *first = merged_into(first, text);
             }
-            _ => out.push(summary_item(&text)),
+            _ => out.push(summary_item(text)),
         }
         out.extend(rest.into_iter().map(|(_, raw)| raw));
         self.with_input(out.iter().map(|r| &**r))
@@ -313,6 +357,7 @@ mod tests {
                 checkpoint: &cp,
                 tokens: &[],
                 merge_into_user: false,
+                text: &crate::compaction::rewrite::summary_text(&cp.summary, &[], &[]),
             },
             false,
         );

@@ -1,0 +1,371 @@
+//! Anthropic Messages through the proxy: Claude Code's recorded request sequence replayed
+//! against a mock Messages provider, cut rules on synthetic tool loops with thinking, overflow
+//! handling, `count_tokens`, and bad input answered in Anthropic's error shape.
+
+mod common;
+
+use common::messages_mock::{self, MessagesMock, Overflow, Received};
+use common::{client, start_proxy, Proxy};
+use serde_json::{json, Value};
+
+const MODEL: &str = "qwen2.5-coder-0.5b";
+const SESSION: &str = include_str!("fixtures/claude-code/session.jsonl");
+
+/// A proxy whose Messages upstream is `mock`, with `window` tokens for the fixture's model.
+async fn proxy_for(mock: &MessagesMock, window: u64) -> Proxy {
+    let mut config = common::config("http://127.0.0.1:9/v1");
+    config.anthropic_upstream = mock.url();
+    config.windows.insert(MODEL.to_string(), window);
+    config.compaction.keep_recent_tokens = window / 3;
+    // One summary request per summary: the span is never folded in chunks.
+    config.summarizer.window = 100_000;
+    start_proxy(config).await
+}
+
+struct Reply {
+    status: u16,
+    headers: reqwest::header::HeaderMap,
+    body: String,
+}
+
+impl Reply {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or(Value::Null)
+    }
+}
+
+async fn post(proxy: &Proxy, path: &str, headers: &[(&str, &str)], body: String) -> Reply {
+    let mut request = client()
+        .post(format!("{}{path}", proxy.url()))
+        .header("x-api-key", "sk-test")
+        .header("content-type", "application/json");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = request.body(body).send().await.unwrap();
+    Reply {
+        status: response.status().as_u16(),
+        headers: response.headers().clone(),
+        body: response.text().await.unwrap(),
+    }
+}
+
+/// The fixture's requests: path, headers and body, in order.
+fn session() -> Vec<(String, Vec<(String, String)>, Value)> {
+    SESSION
+        .lines()
+        .map(|line| {
+            let record: Value = serde_json::from_str(line).unwrap();
+            let headers = record["headers"]
+                .as_object()
+                .unwrap()
+                .iter()
+                .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_string()))
+                .collect();
+            (
+                record["path"].as_str().unwrap().to_string(),
+                headers,
+                record["body"].clone(),
+            )
+        })
+        .collect()
+}
+
+/// What is wrong with a body the proxy forwarded.
+fn cut_problems(body: &Value) -> Vec<String> {
+    let mut problems = vec![];
+    let messages = body["messages"].as_array().unwrap();
+    if messages.first().map(|m| &m["role"]) != Some(&json!("user")) {
+        problems.push("first message is not a user's".to_string());
+    }
+    let blocks = |i: usize| {
+        messages[i]["content"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    };
+    let ids = |i: usize, kind: &str, field: &str| -> Vec<String> {
+        blocks(i)
+            .iter()
+            .filter(|b| b["type"] == kind)
+            .map(|b| b[field].as_str().unwrap().to_string())
+            .collect()
+    };
+    for i in 0..messages.len() {
+        let results = ids(i, "tool_result", "tool_use_id");
+        if !results.is_empty() {
+            let calls = if i > 0 {
+                ids(i - 1, "tool_use", "id")
+            } else {
+                vec![]
+            };
+            if !results.iter().all(|r| calls.contains(r)) {
+                problems.push(format!("messages[{i}]: a tool_result without its tool_use"));
+            }
+        }
+        let calls = ids(i, "tool_use", "id");
+        if !calls.is_empty() {
+            let next = if i + 1 < messages.len() {
+                ids(i + 1, "tool_result", "tool_use_id")
+            } else {
+                vec![]
+            };
+            if i + 1 < messages.len() && !calls.iter().all(|c| next.contains(c)) {
+                problems.push(format!("messages[{i}]: a tool_use without its result"));
+            }
+        }
+    }
+    let breakpoints = body.to_string().matches("\"cache_control\"").count();
+    if breakpoints > 4 {
+        problems.push(format!("{breakpoints} cache_control breakpoints"));
+    }
+    problems
+}
+
+/// The raw JSON text of each message in a forwarded body, in order.
+fn raw_messages(received: &Received) -> Vec<String> {
+    #[derive(serde::Deserialize)]
+    struct Body<'a> {
+        #[serde(borrow)]
+        messages: Vec<&'a serde_json::value::RawValue>,
+    }
+    let body: Body = serde_json::from_slice(&received.body).unwrap();
+    body.messages.iter().map(|m| m.get().to_string()).collect()
+}
+
+#[tokio::test]
+async fn claude_code_session_replays_with_one_summary_per_checkpoint() {
+    let mock = messages_mock::start().await;
+    let proxy = proxy_for(&mock, 1100).await;
+    let requests = session();
+    let mut checkpoints = vec![];
+    for (n, (path, headers, body)) in requests.iter().enumerate() {
+        let headers: Vec<(&str, &str)> = headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let reply = post(&proxy, path, &headers, body.to_string()).await;
+        assert_eq!(reply.status, 200, "request {n}: {}", reply.body);
+        assert!(
+            reply.body.contains("event: message_stop"),
+            "request {n} streamed to the end"
+        );
+        checkpoints.push(reply.header("x-compactor-checkpoint").map(str::to_string));
+    }
+    let forwarded = mock.forwarded();
+    assert_eq!(
+        forwarded.len(),
+        requests.len(),
+        "one upstream request per client request"
+    );
+    assert!(forwarded
+        .iter()
+        .all(|r| r.query.as_deref() == Some("beta=true")));
+    let distinct: std::collections::BTreeSet<_> = checkpoints.iter().flatten().collect();
+    // The recorded session grows from about 500 to 900 tokens: past a 1,100-token window once.
+    assert!(
+        !distinct.is_empty(),
+        "the session was compacted: {checkpoints:?}"
+    );
+    assert_eq!(
+        mock.summaries().len(),
+        distinct.len(),
+        "one summary per checkpoint"
+    );
+    for (n, (received, (_, _, sent))) in forwarded.iter().zip(&requests).enumerate() {
+        let body = received.json();
+        assert_eq!(cut_problems(&body), Vec::<String>::new(), "request {n}");
+        for field in [
+            "system",
+            "tools",
+            "metadata",
+            "context_management",
+            "thinking",
+            "output_config",
+        ] {
+            assert_eq!(body[field], sent[field], "request {n}: {field} unchanged");
+        }
+        let last = sent["messages"].as_array().unwrap().last().unwrap();
+        assert_eq!(
+            body["messages"].as_array().unwrap().last(),
+            Some(last),
+            "request {n}"
+        );
+    }
+    // Between two compactions the rewritten prefix stays byte for byte the same: every message
+    // of the previous request but its last one (which Claude Code itself re-serializes).
+    for n in 1..forwarded.len() {
+        if checkpoints[n].is_none() || checkpoints[n] != checkpoints[n - 1] {
+            continue;
+        }
+        let (before, after) = (raw_messages(&forwarded[n - 1]), raw_messages(&forwarded[n]));
+        let stable = before.len() - 1;
+        assert_eq!(
+            before[..stable],
+            after[..stable],
+            "request {n} kept the prefix"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_large_max_tokens_does_not_crowd_out_the_prompt() {
+    let mock = messages_mock::start().await;
+    let proxy = proxy_for(&mock, 4096).await;
+    let (path, _, mut body) = session().remove(0);
+    body["max_tokens"] = json!(32000);
+    let reply = post(&proxy, &path, &[], body.to_string()).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(reply.header("x-compactor-compacted"), Some("false"));
+}
+
+/// A tool loop with thinking: `turns` earlier turns, then a turn in progress.
+fn thinking_loop(turns: usize, filler: usize) -> Value {
+    let mut messages = vec![];
+    for t in 0..=turns {
+        messages.push(
+            json!({"role": "user", "content": format!("question {t} {}", "word ".repeat(filler))}),
+        );
+        messages.push(json!({"role": "assistant", "content": [
+            {"type": "thinking", "thinking": format!("plan {t}"), "signature": format!("sig{t}")},
+            {"type": "tool_use", "id": format!("toolu_{t}"), "name": "Read", "input": {"path": format!("f{t}.rs")}}]}));
+        messages.push(json!({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": format!("toolu_{t}"), "content": "data ".repeat(filler)}]}));
+        if t < turns {
+            messages.push(json!({"role": "assistant", "content": [{"type": "text", "text": format!("answer {t}")}]}));
+        }
+    }
+    json!({"model": MODEL, "max_tokens": 64, "thinking": {"type": "enabled", "budget_tokens": 32},
+           "system": [{"type": "text", "text": "be brief", "cache_control": {"type": "ephemeral"}}],
+           "messages": messages})
+}
+
+#[tokio::test]
+async fn thinking_turn_in_progress_reaches_the_model_unmodified() {
+    let mock = messages_mock::start().await;
+    let proxy = proxy_for(&mock, 2000).await;
+    let body = thinking_loop(8, 120);
+    let reply = post(&proxy, "/v1/messages", &[], body.to_string()).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(reply.header("x-compactor-compacted"), Some("true"));
+    let sent = mock.forwarded().pop().unwrap().json();
+    assert_eq!(cut_problems(&sent), Vec::<String>::new());
+    let (ours, theirs) = (
+        sent["messages"].as_array().unwrap(),
+        body["messages"].as_array().unwrap(),
+    );
+    assert!(ours.len() < theirs.len());
+    assert_eq!(
+        ours[ours.len() - 3..],
+        theirs[theirs.len() - 3..],
+        "the turn in progress, whole"
+    );
+    assert!(sent.to_string().contains("SUMMARY-"));
+}
+
+#[tokio::test]
+async fn overflow_from_the_provider_is_compacted_and_retried() {
+    for style in [Overflow::Anthropic, Overflow::LlamaCpp] {
+        let mock = messages_mock::start().await;
+        // The proxy believes in a large window; the provider's is smaller.
+        let proxy = proxy_for(&mock, 100_000).await;
+        mock.set_window(1500, style);
+        let body = thinking_loop(8, 120);
+        let reply = post(&proxy, "/v1/messages", &[], body.to_string()).await;
+        assert_eq!(reply.status, 200, "{style:?}: {}", reply.body);
+        assert_eq!(reply.header("x-compactor-compacted"), Some("true"));
+        assert_eq!(mock.forwarded().len(), 2, "{style:?}: one retry");
+    }
+}
+
+#[tokio::test]
+async fn a_prompt_that_cannot_fit_is_refused_in_anthropics_words() {
+    let mock = messages_mock::start().await;
+    let proxy = proxy_for(&mock, 1000).await;
+    let body = json!({"model": MODEL, "max_tokens": 16,
+                      "messages": [{"role": "user", "content": "word ".repeat(3000)}]});
+    let reply = post(&proxy, "/v1/messages", &[], body.to_string()).await;
+    assert_eq!(reply.status, 400);
+    let error = reply.json();
+    assert_eq!(error["type"], "error");
+    assert_eq!(error["error"]["type"], "invalid_request_error");
+    let message = error["error"]["message"].as_str().unwrap();
+    assert!(message.starts_with("prompt is too long: "), "{message}");
+    assert!(message.ends_with(" tokens > 1000 maximum"), "{message}");
+}
+
+#[tokio::test]
+async fn count_tokens_counts_what_the_model_will_see() {
+    let mock = messages_mock::start().await;
+    let proxy = proxy_for(&mock, 2000).await;
+    let body = thinking_loop(8, 120);
+    let reply = post(&proxy, "/v1/messages", &[], body.to_string()).await;
+    assert_eq!(reply.header("x-compactor-compacted"), Some("true"));
+    let mut count = body.clone();
+    count.as_object_mut().unwrap().remove("max_tokens");
+    let reply = post(
+        &proxy,
+        "/v1/messages/count_tokens?beta=true",
+        &[],
+        count.to_string(),
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let counted = mock.counts().pop().unwrap();
+    assert_eq!(counted.query.as_deref(), Some("beta=true"));
+    assert!(
+        counted.json().to_string().contains("SUMMARY-"),
+        "the checkpoint applied"
+    );
+    let forwarded = mock.forwarded().pop().unwrap().json();
+    assert_eq!(
+        reply.json()["input_tokens"],
+        json!(messages_mock::mock_tokens(&forwarded))
+    );
+}
+
+#[tokio::test]
+async fn bad_input_gets_a_400_in_anthropics_shape() {
+    let mock = messages_mock::start().await;
+    let proxy = proxy_for(&mock, 4096).await;
+    let cases = [
+        ("{\"model\": ", "not valid JSON"),
+        ("[1, 2]", "JSON object"),
+        (r#"{"model": 7, "max_tokens": 1, "messages": []}"#, "model"),
+        (
+            r#"{"model": "m", "max_tokens": 1, "messages": "hi"}"#,
+            "messages",
+        ),
+        (
+            r#"{"model": "m", "max_tokens": "x", "messages": []}"#,
+            "max_tokens",
+        ),
+        (
+            r#"{"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": [{"type": "hologram"}]}]}"#,
+            "hologram",
+        ),
+        (
+            r#"{"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_9", "content": "x"}]}]}"#,
+            "toolu_9",
+        ),
+        (
+            r#"{"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}"#,
+            "text",
+        ),
+    ];
+    for (body, mentions) in cases {
+        for path in ["/v1/messages", "/v1/messages/count_tokens"] {
+            let reply = post(&proxy, path, &[], body.to_string()).await;
+            assert_eq!(reply.status, 400, "{path} {body}: {}", reply.body);
+            let error = reply.json();
+            assert_eq!(error["type"], "error", "{body}");
+            assert_eq!(error["error"]["type"], "invalid_request_error", "{body}");
+            let message = error["error"]["message"].as_str().unwrap();
+            assert!(message.contains(mentions), "{body}: {message}");
+        }
+    }
+    assert!(mock.forwarded().is_empty() && mock.counts().is_empty());
+}

@@ -1,0 +1,409 @@
+//! `/v1/responses` end to end against a mock Responses provider: Codex-style threads past the
+//! window, the three ways a provider says the window is full, the error a client sees when
+//! nothing helps, server-held state, bad input, and the recorded Codex sequences in
+//! `tests/fixtures/codex/`.
+
+mod common;
+
+use common::responses_mock::{start_responses_mock, Overflow, ResponsesMock};
+use common::{client, config, start_proxy, Proxy};
+use serde_json::{json, Value};
+
+const MODEL: &str = "mock-responses";
+const KEY: &str = "Bearer sk-alice";
+
+async fn proxy_for(mock: &ResponsesMock, window: u64) -> Proxy {
+    let mut c = config(&mock.url());
+    c.windows.insert(MODEL.into(), window);
+    c.compaction.keep_recent_tokens = window / 5;
+    c.compaction.reserve_output_tokens = 256;
+    c.compaction.margin_tokens = 64;
+    start_proxy(c).await
+}
+
+/// Words that tokenize predictably: `n` of them, different for each `seed`.
+fn words(seed: usize, n: usize) -> String {
+    (0..n)
+        .map(|i| format!("w{}", (seed * 31 + i * 7) % 97))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn user(text: &str) -> Value {
+    json!({"type":"message","role":"user","content":[{"type":"input_text","text":text}]})
+}
+
+/// A Codex-like thread: a developer message, then turns of a user message, a reasoning item,
+/// one or two parallel calls with their outputs, and an assistant message.
+struct Thread {
+    items: Vec<Value>,
+}
+
+impl Thread {
+    fn new() -> Thread {
+        Thread {
+            items: vec![
+                json!({"type":"message","role":"developer","content":[{"type":"input_text","text":"You are a coding agent."}]}),
+            ],
+        }
+    }
+
+    fn turn(&mut self, t: usize, output_words: usize) {
+        self.items
+            .push(user(&format!("Turn {t}: {}", words(t, 20))));
+        self.items.push(json!({"type":"reasoning","id":format!("rs_{t}"),"summary":[],"content":[{"type":"reasoning_text","text":"read it"}]}));
+        let calls = if t % 2 == 0 { 2 } else { 1 };
+        for k in 0..calls {
+            self.items.push(json!({"type":"function_call","id":format!("fc_{t}_{k}"),"status":"completed","call_id":format!("call_{t}_{k}"),"name":"exec_command","arguments":format!("{{\"cmd\":\"cat f{t}_{k}\"}}")}));
+        }
+        for k in 0..calls {
+            self.items.push(json!({"type":"function_call_output","call_id":format!("call_{t}_{k}"),"output":words(t * 3 + k, output_words)}));
+        }
+        self.items.push(json!({"type":"message","role":"assistant","id":format!("msg_{t}"),"status":"completed","content":[{"type":"output_text","text":format!("done {t}"),"annotations":[]}]}));
+    }
+
+    fn body(&self, stream: bool) -> Value {
+        json!({"model": MODEL, "stream": stream, "store": false, "input": self.items,
+               "tools": [{"type":"function","name":"exec_command","parameters":{"type":"object"}}],
+               "prompt_cache_key": "thread-1"})
+    }
+}
+
+struct Reply {
+    status: u16,
+    headers: reqwest::header::HeaderMap,
+    text: String,
+}
+
+impl Reply {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.text).unwrap_or(Value::Null)
+    }
+}
+
+async fn post(proxy: &Proxy, path: &str, key: &str, body: &Value) -> Reply {
+    let r = client()
+        .post(format!("{}/v1{path}", proxy.url()))
+        .header("authorization", key)
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    Reply {
+        status: r.status().as_u16(),
+        headers: r.headers().clone(),
+        text: r.text().await.unwrap(),
+    }
+}
+
+/// Indices where a unit of `items` may begin (the rules a provider enforces).
+fn unit_starts(items: &[Value]) -> Vec<usize> {
+    let mut starts = Vec::new();
+    let mut open: Vec<String> = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        let kind = item["type"].as_str().unwrap_or("message");
+        let after_reasoning = i > 0 && items[i - 1]["type"] == "reasoning";
+        if !kind.ends_with("_output") && !after_reasoning && open.is_empty() {
+            starts.push(i);
+        }
+        let call_id = item["call_id"].as_str().map(str::to_string);
+        match (kind.ends_with("_call"), kind.ends_with("_output"), call_id) {
+            (true, _, Some(id)) => open.push(id),
+            (_, true, Some(id)) => open.retain(|c| *c != id),
+            _ => {}
+        }
+    }
+    starts
+}
+
+/// The forwarded input keeps the head, then one summary message, then whole units of the
+/// client's input; returns the summary's text.
+fn assert_rewritten_whole(sent: &[Value], original: &[Value]) -> String {
+    assert_eq!(sent[0], original[0], "the developer message is kept");
+    let summary = &sent[1];
+    assert_eq!(summary["type"], "message");
+    assert_eq!(summary["role"], "user");
+    let text = summary["content"][0]["text"].as_str().unwrap().to_string();
+    assert!(text.contains("SUMMARY-"), "{text}");
+    let kept = &sent[2..];
+    let start = original.len() - kept.len();
+    assert_eq!(
+        kept,
+        &original[start..],
+        "the tail is the client's, verbatim"
+    );
+    assert!(
+        unit_starts(original).contains(&start),
+        "the kept tail starts inside a unit, at item {start} ({})",
+        original[start]["type"]
+    );
+    text
+}
+
+#[tokio::test]
+async fn a_thread_past_the_window_is_compacted_into_whole_units_with_a_stable_prefix() {
+    let mock = start_responses_mock().await;
+    let proxy = proxy_for(&mock, 3000).await;
+    let mut thread = Thread::new();
+    let mut compacted_prefixes: Vec<Vec<Value>> = Vec::new();
+    for t in 0..14 {
+        thread.turn(t, 120);
+        let reply = post(&proxy, "/responses", KEY, &thread.body(t % 2 == 1)).await;
+        assert_eq!(reply.status, 200, "{}", reply.text);
+        assert!(reply.text.contains("Hello there"));
+        if reply.header("x-compactor-compacted") == Some("true") {
+            let sent = mock.turns().last().unwrap().json()["input"]
+                .as_array()
+                .unwrap()
+                .clone();
+            assert_rewritten_whole(&sent, &thread.items);
+            compacted_prefixes.push(sent[..2].to_vec());
+        }
+    }
+    assert!(
+        compacted_prefixes.len() >= 4,
+        "{}",
+        compacted_prefixes.len()
+    );
+    let summaries = mock.summaries().len();
+    assert!(summaries >= 1 && summaries < compacted_prefixes.len());
+    // Between two summaries the rewritten prefix (head + summary) stays byte-identical.
+    let distinct: std::collections::BTreeSet<String> = compacted_prefixes
+        .iter()
+        .map(|p| json!(p).to_string())
+        .collect();
+    assert_eq!(distinct.len(), summaries);
+    // The client's prompt_cache_key reaches the provider; the summary requests do not carry it.
+    let last = mock.turns().last().unwrap().json();
+    assert_eq!(last["prompt_cache_key"], "thread-1");
+    for s in mock.summaries() {
+        assert_ne!(s.json()["prompt_cache_key"], "thread-1");
+    }
+}
+
+async fn overflow_is_compacted_and_retried(style: Overflow, stream: bool) {
+    let mock = start_responses_mock().await;
+    // The proxy believes the window is large; the provider's is small.
+    let proxy = proxy_for(&mock, 100_000).await;
+    mock.set_window(1500);
+    mock.set_overflow(style);
+    let mut thread = Thread::new();
+    for t in 0..10 {
+        thread.turn(t, 100);
+    }
+    let reply = post(&proxy, "/responses", KEY, &thread.body(stream)).await;
+    assert_eq!(reply.status, 200, "{style:?}: {}", reply.text);
+    assert!(reply.text.contains("Hello there"), "{}", reply.text);
+    assert!(!reply.text.contains("response.failed"), "{}", reply.text);
+    assert_eq!(reply.header("x-compactor-compacted"), Some("true"));
+    assert_eq!(
+        mock.state
+            .overflows
+            .load(std::sync::atomic::Ordering::SeqCst),
+        1
+    );
+    let turns = mock.turns();
+    assert_eq!(turns.len(), 2, "one overflow, one retry");
+    assert_rewritten_whole(turns[1].json()["input"].as_array().unwrap(), &thread.items);
+}
+
+#[tokio::test]
+async fn an_http_400_overflow_is_compacted_and_retried() {
+    overflow_is_compacted_and_retried(Overflow::Http, false).await;
+}
+
+#[tokio::test]
+async fn a_response_failed_event_at_the_start_of_the_stream_is_compacted_and_retried() {
+    overflow_is_compacted_and_retried(Overflow::InStream, true).await;
+}
+
+#[tokio::test]
+async fn a_llama_cpp_overflow_is_compacted_and_retried() {
+    overflow_is_compacted_and_retried(Overflow::LlamaCpp, true).await;
+}
+
+#[tokio::test]
+async fn when_nothing_helps_the_client_sees_context_length_exceeded() {
+    let mock = start_responses_mock().await;
+    let proxy = proxy_for(&mock, 100_000).await;
+    // Too small for even the head and the newest turn.
+    mock.set_window(20);
+    mock.set_overflow(Overflow::LlamaCpp);
+    let mut thread = Thread::new();
+    for t in 0..3 {
+        thread.turn(t, 100);
+    }
+    let reply = post(&proxy, "/responses", KEY, &thread.body(true)).await;
+    assert_eq!(reply.status, 400, "{}", reply.text);
+    let error = &reply.json()["error"];
+    assert_eq!(error["code"], "context_length_exceeded", "{}", reply.text);
+    assert!(error["message"].as_str().unwrap().contains("context"));
+}
+
+#[tokio::test]
+async fn server_held_state_is_forwarded_untouched() {
+    let mock = start_responses_mock().await;
+    let proxy = proxy_for(&mock, 3000).await;
+    let body =
+        json!({"model": MODEL, "previous_response_id": "resp_1", "input": [user(&words(1, 3000))]});
+    let reply = post(&proxy, "/responses", KEY, &body).await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert_eq!(
+        reply.header("x-compactor-compaction"),
+        Some("skipped; reason=server-state")
+    );
+    assert_eq!(mock.turns()[0].json(), body);
+}
+
+#[tokio::test]
+async fn bad_input_gets_a_400_in_the_openai_shape() {
+    let mock = start_responses_mock().await;
+    let proxy = proxy_for(&mock, 3000).await;
+    let cases = [
+        json!([1, 2]),
+        json!({"input": []}),
+        json!({"model": MODEL}),
+        json!({"model": MODEL, "input": 7}),
+        json!({"model": MODEL, "input": [3]}),
+        json!({"model": MODEL, "input": [{"type": "message"}]}),
+        json!({"model": MODEL, "input": [{"type": "function_call_output", "output": "x"}]}),
+        json!({"model": 5, "input": "hi"}),
+    ];
+    for body in cases {
+        let reply = post(&proxy, "/responses", KEY, &body).await;
+        assert_eq!(reply.status, 400, "{body}: {}", reply.text);
+        let error = &reply.json()["error"];
+        assert!(
+            error["message"].as_str().is_some_and(|m| !m.is_empty()),
+            "{body}: {}",
+            reply.text
+        );
+        assert_eq!(error["type"], "invalid_request_error");
+    }
+    let r = client()
+        .post(format!("{}/v1/responses", proxy.url()))
+        .header("content-type", "application/json")
+        .body("{\"model\": ")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    assert!(mock.turns().is_empty(), "nothing bad was forwarded");
+}
+
+#[tokio::test]
+async fn a_string_input_is_served() {
+    let mock = start_responses_mock().await;
+    let proxy = proxy_for(&mock, 3000).await;
+    let body = json!({"model": MODEL, "input": "hello", "instructions": "be brief"});
+    let reply = post(&proxy, "/responses", KEY, &body).await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert_eq!(mock.turns()[0].json(), body);
+}
+
+fn fixture(name: &str) -> Vec<Value> {
+    let path = format!(
+        "{}/tests/fixtures/codex/{name}.jsonl",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn recorded_codex_threads_replay_with_one_checkpoint_per_compaction() {
+    for name in ["exec-resume"] {
+        let mock = start_responses_mock().await;
+        let mut c = config(&mock.url());
+        c.windows.insert("qwen2.5-coder-0.5b-instruct".into(), 2200);
+        c.compaction.keep_recent_tokens = 500;
+        c.compaction.reserve_output_tokens = 128;
+        c.compaction.margin_tokens = 32;
+        let proxy = start_proxy(c).await;
+        let mut compacted: Vec<(String, Vec<Value>)> = Vec::new();
+        // The stub's compaction item, recorded, stands for the one the proxy mints on replay.
+        let mut minted: Option<Value> = None;
+        for mut request in fixture(name) {
+            if let Some(item) = &minted {
+                for input in request["body"]["input"].as_array_mut().unwrap() {
+                    if input["type"] == "compaction" {
+                        *input = item.clone();
+                    }
+                }
+            }
+            let mut r = client()
+                .post(format!(
+                    "{}{}",
+                    proxy.url(),
+                    request["path"].as_str().unwrap()
+                ))
+                .header("authorization", "Bearer sk-replay");
+            for (k, v) in request["headers"].as_object().unwrap() {
+                r = r.header(k.as_str(), v.as_str().unwrap());
+            }
+            let response = r
+                .header("content-type", "application/json")
+                .body(request["body"].to_string())
+                .send()
+                .await
+                .unwrap();
+            let status = response.status().as_u16();
+            let checkpoint = response
+                .headers()
+                .get("x-compactor-checkpoint")
+                .map(|v| v.to_str().unwrap().to_string());
+            let text = response.text().await.unwrap();
+            assert_eq!(status, 200, "{name}: {text}");
+            if let Some(item) = text
+                .lines()
+                .filter_map(|l| l.strip_prefix("data: "))
+                .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+                .find(|e| {
+                    e["type"] == "response.output_item.done" && e["item"]["type"] == "compaction"
+                })
+            {
+                minted = Some(item["item"].clone());
+                continue;
+            }
+            if let Some(id) = checkpoint {
+                let sent = mock.turns().last().unwrap().json()["input"]
+                    .as_array()
+                    .unwrap()
+                    .clone();
+                compacted.push((id, sent));
+            }
+        }
+        assert!(
+            !compacted.is_empty(),
+            "{name}: the thread was never compacted"
+        );
+        assert_eq!(
+            mock.summaries().len(),
+            compacted
+                .iter()
+                .map(|(id, _)| id)
+                .collect::<std::collections::BTreeSet<_>>()
+                .len(),
+            "{name}: one summary per checkpoint"
+        );
+        // Under one checkpoint, each forwarded input extends the previous one byte for byte.
+        for pair in compacted.windows(2) {
+            let ((a, before), (b, after)) = (&pair[0], &pair[1]);
+            if a == b {
+                assert_eq!(
+                    &after[..before.len()],
+                    &before[..],
+                    "{name}: the prefix changed"
+                );
+            }
+        }
+    }
+}
