@@ -127,6 +127,15 @@ async fn serve_inner(
             send_timed(app, target, outgoing(), again, &mut upstream_time).await?;
         prepared.outcome.summary_time += summary_before;
         probe = self::probe(target.dialect, &mut response, &bytes).await?;
+        if let Some(again) = probe.overflow {
+            // Compaction did not make it fit: say so in the client's own words, which agents
+            // recognise (a provider's own wording, such as llama.cpp's, often is not).
+            return Err(ApiError::ContextLength(cannot_fit_message(
+                again,
+                prepared.outcome.tokens_after,
+                prepared.outcome.window,
+            )));
+        }
     }
     Ok(finish(
         app,
@@ -141,6 +150,16 @@ async fn serve_inner(
         },
         &context,
     ))
+}
+
+/// The refusal of a request the provider still found too long after compaction: the numbers are
+/// the provider's where it gave them, the proxy's otherwise.
+fn cannot_fit_message(overflow: Overflow, sent: u64, window: u64) -> String {
+    crate::compaction::CannotFit {
+        needed: overflow.requested.unwrap_or(sent),
+        window: overflow.limit.unwrap_or(window),
+    }
+    .to_string()
 }
 
 /// What the start of the provider's answer says.

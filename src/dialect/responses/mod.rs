@@ -35,8 +35,11 @@ pub fn uses_server_state(body: &[u8]) -> bool {
         previous_response_id: Option<serde::de::IgnoredAny>,
         conversation: Option<serde::de::IgnoredAny>,
     }
-    serde_json::from_slice::<ServerState>(body)
-        .is_ok_and(|s| s.previous_response_id.is_some() || s.conversation.is_some())
+    // Only an object can hold them (serde would read an array as the fields in order).
+    let is_object = body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{');
+    is_object
+        && serde_json::from_slice::<ServerState>(body)
+            .is_ok_and(|s| s.previous_response_id.is_some() || s.conversation.is_some())
 }
 
 impl Dialect for Responses {
