@@ -137,15 +137,17 @@ fn session(turns: usize) -> Vec<Value> {
     messages
 }
 
-fn request(messages: &[Value]) -> Arc<dyn WireRequest> {
-    Arc::new(
-        ChatRequest::parse(
-            json!({"model": MODEL, "messages": messages})
-                .to_string()
-                .as_bytes(),
-        )
-        .unwrap(),
+fn chat_request(messages: &[Value]) -> ChatRequest {
+    ChatRequest::parse(
+        json!({"model": MODEL, "messages": messages})
+            .to_string()
+            .as_bytes(),
     )
+    .unwrap()
+}
+
+fn request(messages: &[Value]) -> Arc<dyn WireRequest> {
+    Arc::new(chat_request(messages))
 }
 
 fn context() -> RequestContext {
@@ -165,7 +167,7 @@ async fn prepare(setup: &Setup, messages: &[Value]) -> Prepared {
 async fn prepare_as(
     setup: &Setup,
     context: &RequestContext,
-    request: &ChatRequest,
+    request: &Arc<dyn WireRequest>,
 ) -> Result<Prepared, CannotFit> {
     setup.engine.prepare(context, request, None).await
 }
@@ -564,11 +566,58 @@ async fn the_largest_output_budget_is_refused_without_wrapping() {
     );
     // A short conversation and one over the window; each asks for u64::MAX output tokens.
     for messages in [session(3), session(40)] {
-        let mut request = request(&messages);
-        request.max_output_tokens = Some(u64::MAX);
+        let mut chat = chat_request(&messages);
+        chat.max_output_tokens = Some(u64::MAX);
+        let request: Arc<dyn WireRequest> = Arc::new(chat);
         let refused = prepare_as(&setup, &context(), &request).await;
         let CannotFit { needed, window } = refused.err().expect("no window holds that answer");
         assert_eq!((needed, window), (u64::MAX, WINDOW));
     }
     assert_eq!(setup.summarizer.calls(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fold_cut_short_keeps_its_progress_for_the_next_request() {
+    // Chunks of a 3,000-token summarizer at 10 s each: the 25 s timeout ends the fold early.
+    let setup = setup(
+        Behaviour::Answer {
+            delay: Duration::from_secs(10),
+        },
+        |c, s| {
+            s.window = 3000;
+            c.summary_timeout_ms = 25_000;
+        },
+    );
+    let messages = session(40);
+    let first = prepare(&setup, &messages).await;
+    assert!(
+        matches!(first.outcome.status, Some(Status::Failed { ref reason, .. }) if reason == "summarizer-timeout"),
+        "{:?}",
+        first.outcome.status
+    );
+    let folded_before_timeout = setup.summarizer.calls();
+    assert!(folded_before_timeout >= 2);
+    assert!(
+        checkpoints(&setup).await >= 1,
+        "the chunks folded before the timeout were kept"
+    );
+    // Each later request (past any backoff after a failure) goes on from the progress kept,
+    // never from the first turn, until a checkpoint serves the conversation.
+    let mut served = first;
+    let mut attempts = 1;
+    while served.outcome.checkpoint_id.is_none() {
+        assert!(attempts < 6, "the fold never finished");
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+        let calls_before = setup.summarizer.calls();
+        served = prepare(&setup, &messages).await;
+        attempts += 1;
+        let prompts = setup.summarizer.prompts.lock().unwrap().clone();
+        if let Some(next) = prompts.get(calls_before) {
+            assert!(
+                next.contains("<previous-summary>") && !next.contains("turn 0:"),
+                "attempt {attempts} starts from the kept progress"
+            );
+        }
+    }
+    assert!(attempts >= 2, "one request could not have folded it all");
 }

@@ -138,7 +138,10 @@ fn assert_rewritten_whole(sent: &[Value], original: &[Value]) -> String {
     let split = !original.ends_with(kept) && kept.len() > 1 && kept[0]["role"] == "user";
     if split && original.ends_with(&kept[1..]) {
         let pinned = original.iter().rposition(|i| *i == kept[0]).unwrap();
-        assert!(pinned < original.len() - (kept.len() - 1), "the pinned message comes first");
+        assert!(
+            pinned < original.len() - (kept.len() - 1),
+            "the pinned message comes first"
+        );
         kept = &kept[1..];
     }
     let start = original.len() - kept.len();

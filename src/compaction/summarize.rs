@@ -151,10 +151,23 @@ pub fn fixed_cost(encoding: Encoding) -> u64 {
 /// Splits transcript entries into chunks of at most `budget` tokens, oldest first. An entry
 /// larger than the budget is cut in the middle to fit.
 pub fn chunk(entries: Vec<String>, encoding: Encoding, budget: u64) -> Vec<String> {
+    chunk_counted(entries, encoding, budget)
+        .into_iter()
+        .map(|(chunk, _)| chunk)
+        .collect()
+}
+
+/// Like [`chunk`], with the number of entries in each chunk.
+pub fn chunk_counted(
+    entries: Vec<String>,
+    encoding: Encoding,
+    budget: u64,
+) -> Vec<(String, usize)> {
     let budget = budget.max(256);
     let mut chunks = Vec::new();
     let mut current = String::new();
     let mut current_tokens = 0;
+    let mut current_entries = 0;
     for entry in entries {
         let mut tokens = encoding.count(&entry);
         let entry = if tokens > budget {
@@ -165,15 +178,17 @@ pub fn chunk(entries: Vec<String>, encoding: Encoding, budget: u64) -> Vec<Strin
             entry
         };
         if current_tokens + tokens > budget && !current.is_empty() {
-            chunks.push(std::mem::take(&mut current));
+            chunks.push((std::mem::take(&mut current), current_entries));
             current_tokens = 0;
+            current_entries = 0;
         }
         current.push_str(&entry);
         current.push('\n');
         current_tokens += tokens;
+        current_entries += 1;
     }
     if !current.is_empty() {
-        chunks.push(current);
+        chunks.push((current, current_entries));
     }
     chunks
 }

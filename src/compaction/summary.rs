@@ -20,6 +20,16 @@ use super::{
     SummaryError,
 };
 
+/// One fold: the summary of `span` (elements of the conversation, with their `views`) into
+/// `base`'s summary, for `plan`.
+pub(super) struct Fold<'a> {
+    base: Option<&'a Checkpoint>,
+    plan: &'a plan::Plan,
+    span: &'a [usize],
+    views: &'a [(Role, MessageView)],
+    ahead_of_time: bool,
+}
+
 impl Engine {
     /// Stage `summarize`: makes (or waits for) a checkpoint that covers more of the
     /// conversation, then rewrites the request through it; serves a fallback when that fails.
@@ -170,9 +180,13 @@ impl Engine {
             self.write_summary(
                 context,
                 conversation,
-                base.map(|b| b.summary.as_str()),
-                &span,
-                &views,
+                Fold {
+                    base,
+                    plan,
+                    span: &span,
+                    views: &views,
+                    ahead_of_time,
+                },
             ),
         )
         .await
@@ -180,45 +194,19 @@ impl Engine {
         self.metrics
             .summary_seconds
             .observe(started.elapsed().as_secs_f64());
-        let mut files = match base {
-            Some(b) => files::FileOps::from_lists(&b.files_read, &b.files_modified),
-            None => files::FileOps::default(),
-        };
-        files.collect(views.iter().map(|(_, view)| view));
-        let (files_read, files_modified) = files.into_lists();
-        let prefix_hash = identity::hex(&conversation.chain[plan.cut - 1]);
-        let created_ms = crate::store::now_ms();
-        let id = identity::hex(
-            blake3::hash(format!("{prefix_hash}/{created_ms}/{}", self.replica).as_bytes())
-                .as_bytes(),
-        )[..24]
-            .to_string();
-        let mut checkpoint = Checkpoint {
-            id,
-            tenant: identity::hex(&context.tenant),
-            anchor: identity::hex(&conversation.anchor.ok_or(SummaryError::Nothing)?),
-            covered: plan.cut,
-            prefix_hash,
-            pinned_user: plan.pinned_user,
-            truncations: plan.truncations.clone(),
+        let mut checkpoint = self.new_checkpoint(
+            context,
+            conversation,
+            base,
+            plan,
             summary,
-            files_read,
-            files_modified,
-            tokens_before: 0,
-            tokens_after: 0,
-            created_ms,
-            model: request.model().to_string(),
+            &views,
             ahead_of_time,
-        };
-        let before = self.view(conversation, base).tokens;
-        let after = self.view(conversation, Some(&checkpoint)).tokens;
-        if after >= before {
-            return Err(SummaryError::NoReduction);
-        }
-        checkpoint.tokens_before =
-            calibration::apply(conversation.measured.total(), conversation.factor);
-        checkpoint.tokens_after = calibration::apply(after, conversation.factor);
-        self.metrics.tokens_saved.inc_by(before - after);
+        )?;
+        let saved = self
+            .fill_figures(conversation, base, &mut checkpoint)
+            .ok_or(SummaryError::NoReduction)?;
+        self.metrics.tokens_saved.inc_by(saved);
         if let Err(e) = self.store.put(&checkpoint).await {
             self.metrics.store_errors.inc();
             tracing::warn!(error = %e, "Storing the checkpoint failed; it serves this request only.");
@@ -234,15 +222,145 @@ impl Engine {
         Ok(checkpoint)
     }
 
+    /// Fills in `checkpoint`'s token figures and returns the raw tokens it saves against `base`;
+    /// `None` when it saves nothing.
+    fn fill_figures(
+        &self,
+        conversation: &Conversation,
+        base: Option<&Checkpoint>,
+        checkpoint: &mut Checkpoint,
+    ) -> Option<u64> {
+        let before = self.view(conversation, base).tokens;
+        let after = self.view(conversation, Some(checkpoint)).tokens;
+        if after >= before {
+            return None;
+        }
+        checkpoint.tokens_before =
+            calibration::apply(conversation.measured.total(), conversation.factor);
+        checkpoint.tokens_after = calibration::apply(after, conversation.factor);
+        Some(before - after)
+    }
+
+    /// A checkpoint of this conversation through `plan`, with `summary` and the file lists of
+    /// `base` and of the elements `views` summarized (its token figures not yet filled in).
+    #[allow(clippy::too_many_arguments)]
+    fn new_checkpoint(
+        &self,
+        context: &RequestContext,
+        conversation: &Conversation,
+        base: Option<&Checkpoint>,
+        plan: &plan::Plan,
+        summary: String,
+        views: &[(Role, MessageView)],
+        ahead_of_time: bool,
+    ) -> Result<Checkpoint, SummaryError> {
+        let mut files = match base {
+            Some(b) => files::FileOps::from_lists(&b.files_read, &b.files_modified),
+            None => files::FileOps::default(),
+        };
+        files.collect(views.iter().map(|(_, view)| view));
+        let (files_read, files_modified) = files.into_lists();
+        let prefix_hash = identity::hex(&conversation.chain[plan.cut - 1]);
+        let created_ms = crate::store::now_ms();
+        let id = identity::hex(
+            blake3::hash(format!("{prefix_hash}/{created_ms}/{}", self.replica).as_bytes())
+                .as_bytes(),
+        )[..24]
+            .to_string();
+        Ok(Checkpoint {
+            id,
+            tenant: identity::hex(&context.tenant),
+            anchor: identity::hex(&conversation.anchor.ok_or(SummaryError::Nothing)?),
+            covered: plan.cut,
+            prefix_hash,
+            pinned_user: plan.pinned_user,
+            truncations: plan.truncations.clone(),
+            summary,
+            files_read,
+            files_modified,
+            tokens_before: 0,
+            tokens_after: 0,
+            created_ms,
+            model: conversation.request.model().to_string(),
+            ahead_of_time,
+        })
+    }
+
+    /// Stores what a fold has summarized so far (`folded` of its span's elements, into
+    /// `model_text`) as a checkpoint of its own, when it ends at a place the conversation may be
+    /// cut and frees tokens: a fold cut short (a timeout, a client gone, a failing summarizer)
+    /// leaves it behind, and the next request continues from there instead of starting over.
+    async fn store_progress(
+        &self,
+        context: &RequestContext,
+        conversation: &Conversation,
+        fold: &Fold<'_>,
+        folded: usize,
+        model_text: &str,
+        encoding: Encoding,
+        max_tokens: u64,
+    ) {
+        let Some(&last) = fold.span.get(folded.wrapping_sub(1)) else {
+            return;
+        };
+        let cut = last + 1;
+        let n = conversation.roles.len();
+        let starts_a_unit = cut < n && !matches!(conversation.roles[cut], Role::Tool | Role::Other);
+        if !starts_a_unit || cut <= fold.base.map_or(0, |b| b.covered) || cut >= fold.plan.cut {
+            return;
+        }
+        let partial = plan::Plan {
+            cut,
+            pinned_user: fold.plan.pinned_user.filter(|&u| u < cut),
+            truncations: vec![],
+        };
+        let previous = fold.base.map(|b| b.summary.as_str());
+        let summary = record::attach(
+            model_text,
+            &fold.views[..folded],
+            previous,
+            encoding,
+            max_tokens,
+        );
+        let Ok(mut checkpoint) = self.new_checkpoint(
+            context,
+            conversation,
+            fold.base,
+            &partial,
+            summary,
+            &fold.views[..folded],
+            fold.ahead_of_time,
+        ) else {
+            return;
+        };
+        if self
+            .fill_figures(conversation, fold.base, &mut checkpoint)
+            .is_none()
+        {
+            return;
+        }
+        match self.store.put(&checkpoint).await {
+            Ok(()) => tracing::info!(
+                checkpoint = %checkpoint.id,
+                covered = checkpoint.covered,
+                "Kept the progress of a summary in chunks."
+            ),
+            Err(e) => {
+                self.metrics.store_errors.inc();
+                tracing::warn!(error = %e, "Storing the progress of a summary failed.");
+            }
+        }
+    }
+
     /// Summarizes `span`, folding it into `previous`, in chunks that fit the summarizer.
     async fn write_summary(
         &self,
         context: &RequestContext,
         conversation: &Conversation,
-        previous: Option<&str>,
-        span: &[usize],
-        views: &[(Role, MessageView)],
+        fold: Fold<'_>,
     ) -> Result<String, SummaryError> {
+        let (span, views) = (fold.span, fold.views);
+        let previous = fold.base.map(|b| b.summary.as_str());
         if span.is_empty() {
             return Err(SummaryError::Nothing);
         }
@@ -278,14 +396,16 @@ impl Engine {
         .into_iter()
         .collect();
         // Chunks are sized for the largest summary the previous step could leave behind.
-        let chunks = summarize::chunk(
+        let chunks = summarize::chunk_counted(
             entries,
             encoding,
             budget_for(previous).saturating_sub(max_tokens).max(256),
         );
+        let last_chunk = chunks.len().saturating_sub(1);
+        let mut folded = 0;
         // The model sees and rewrites only its own text; the record is carried by code.
         let mut running = previous.map(|p| record::split(p).0.to_string());
-        for chunk in chunks {
+        for (n, (chunk, entries_in_chunk)) in chunks.into_iter().enumerate() {
             let user =
                 summarize::user_prompt(running.as_deref(), &chunk, &instructions, max_tokens);
             let request = SummaryRequest {
@@ -294,11 +414,24 @@ impl Engine {
                 user: &user,
                 max_tokens,
             };
-            running = Some(
-                self.summarizer_for(conversation.request.dialect())
-                    .summarize(&request, &context.credentials)
-                    .await?,
-            );
+            let text = self
+                .summarizer_for(conversation.request.dialect())
+                .summarize(&request, &context.credentials)
+                .await?;
+            folded += entries_in_chunk;
+            if n < last_chunk {
+                self.store_progress(
+                    context,
+                    conversation,
+                    &fold,
+                    folded,
+                    &text,
+                    encoding,
+                    max_tokens,
+                )
+                .await;
+            }
+            running = Some(text);
         }
         let text = running.ok_or(SummaryError::Nothing)?;
         Ok(record::attach(&text, views, previous, encoding, max_tokens))

@@ -54,7 +54,7 @@ pub(super) async fn serve(
     let response = match serve_inner(app, tenant, headers, body, &target, started).await {
         Ok(r) => r,
         Err(e) => {
-            tracing::info!(method = "POST", path = target.path, status = e.status().as_u16(), error = %Escaped(&e), "Refused a request.");
+            tracing::info!(method = "POST", path = target.path, status = e.status().as_u16(), error = %Escaped(&e), "Refused a {} request.", target.dialect.name());
             e.into_response_in(target.dialect)
         }
     };
@@ -127,9 +127,10 @@ async fn serve_inner(
             send_timed(app, target, outgoing(), again, &mut upstream_time).await?;
         prepared.outcome.summary_time += summary_before;
         probe = self::probe(target.dialect, &mut response, &bytes).await?;
-        if let Some(again) = probe.overflow {
+        if let Some(again) = probe.overflow.filter(|o| o.trusted) {
             // Compaction did not make it fit: say so in the client's own words, which agents
-            // recognise (a provider's own wording, such as llama.cpp's, often is not).
+            // recognise (a provider's own wording, such as llama.cpp's, often is not). An error
+            // that only looks like an overflow goes to the client as the provider wrote it.
             return Err(ApiError::ContextLength(cannot_fit_message(
                 again,
                 prepared.outcome.tokens_after,
@@ -306,7 +307,8 @@ fn finish(
         compacted = outcome.compacted,
         upstream_ms = timing.upstream.as_millis() as u64,
         overhead_ms = overhead.as_secs_f64() * 1000.0,
-        "Served a request."
+        "Served a {} request.",
+        target.dialect.name()
     );
     let body = match error_body {
         Some(bytes) => Body::from(bytes),
