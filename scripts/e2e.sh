@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # End-to-end scenarios: real clients, through Compactor, to a real model (llama-server).
 #
-#   scripts/e2e.sh                    all scenarios: python node pi aider
+#   scripts/e2e.sh                    all scenarios: python node anthropic pi aider claude
 #   scripts/e2e.sh python pi          only these
 #   scripts/e2e.sh setup              only install the clients, the server and the model
 #
@@ -13,7 +13,10 @@
 #
 # Windows: the SDK scenarios (python, node) run against a 2048-token window, so that a history
 # of three windows and several compactions take a few minutes on 2 cores; the agents (pi,
-# aider) against 4096 tokens, since Pi's own prompt and tools take about 1.4k.
+# aider) against 4096 tokens, since Pi's own prompt and tools take about 1.4k. The Anthropic
+# scenarios follow the same split: the SDK (anthropic) at 2048, Claude Code (claude) at 4096.
+# Their /v1/messages traffic goes upstream through a recording relay (tests/e2e/recording_relay.py)
+# so that they can check what Compactor forwarded.
 #
 # Environment (all optional):
 #   COMPACTOR_CACHE       cache for downloads, the model, venvs and npm packages
@@ -23,6 +26,7 @@
 #   E2E_AGENT_WINDOW      window for pi and aider (default 4096)
 #   E2E_LLAMA_PORT        llama-server's port (default 18089)
 #   E2E_PORT              Compactor's port (default 18788)
+#   E2E_RELAY_PORT        the recording relay's port (default E2E_PORT + 2)
 #   E2E_LOG_DIR           logs of every process and scenario (default target/e2e)
 #   E2E_SCENARIO_TIMEOUT  seconds one scenario may take (default 600)
 #   PYTHON                python3 used to create the venvs (3.10–3.12 for aider)
@@ -46,16 +50,19 @@ ADMIN_TOKEN="e2e-admin"
 PY_PACKAGES=(openai==3.57.0)
 AIDER_PACKAGES=(aider-chat==0.86.2)
 NPM_PACKAGES=(openai@7.59.0 @mariozechner/pi-coding-agent@0.73.1)
+ANTHROPIC_PACKAGES=(anthropic==2.10.0)
+CLAUDE_PACKAGES=(@anthropic-ai/claude-code@2.1.328)
+RELAY_PORT="${E2E_RELAY_PORT:-$((PORT + 2))}"
 
 setup_only=false
 if [[ "${1:-}" == setup ]]; then setup_only=true; shift; fi
 scenarios=("$@")
-[[ ${#scenarios[@]} -gt 0 ]] || scenarios=(python node pi aider)
+[[ ${#scenarios[@]} -gt 0 ]] || scenarios=(python node anthropic pi aider claude)
 for s in "${scenarios[@]}"; do
-  case "$s" in python|node|pi|aider) ;; *) echo "unknown scenario $s (python node pi aider)" >&2; exit 2 ;; esac
+  case "$s" in python|node|pi|aider|anthropic|claude) ;; *) echo "unknown scenario $s (python node pi aider anthropic claude)" >&2; exit 2 ;; esac
 done
 wants() { local s; for s in "${scenarios[@]}"; do [[ "$s" == "$1" ]] && return 0; done; return 1; }
-window_of() { case "$1" in python|node) echo "$SDK_WINDOW" ;; *) echo "$AGENT_WINDOW" ;; esac; }
+window_of() { case "$1" in python|node|anthropic) echo "$SDK_WINDOW" ;; *) echo "$AGENT_WINDOW" ;; esac; }
 
 say() { echo "e2e: $*" >&2; }
 mkdir -p "$CACHE" "$LOGS"
@@ -96,6 +103,8 @@ t0=$SECONDS
 venv_with "$CACHE/venv" "${PY_PACKAGES[@]}"
 wants aider && venv_with "$CACHE/venv-aider" "${AIDER_PACKAGES[@]}"
 if wants node || wants pi; then npm_with "$CACHE/node" "${NPM_PACKAGES[@]}"; fi
+wants anthropic && venv_with "$CACHE/venv-anthropic" "${ANTHROPIC_PACKAGES[@]}"
+wants claude && npm_with "$CACHE/claude" "${CLAUDE_PACKAGES[@]}"
 say "clients ready ($((SECONDS - t0))s)"
 
 # The server and the model, fetched (or built) once; a no-op when cached.
@@ -116,7 +125,13 @@ fi
 
 # ---- one stack (llama-server + Compactor) per window, stopped on exit ---------------------
 compactor_pid=""
+relay_pid=""
 stop_stack() {
+  if [[ -n "$relay_pid" ]]; then
+    kill "$relay_pid" 2>/dev/null || true
+    wait "$relay_pid" 2>/dev/null || true
+    relay_pid=""
+  fi
   if [[ -n "$compactor_pid" ]]; then
     kill "$compactor_pid" 2>/dev/null || true
     wait "$compactor_pid" 2>/dev/null || true
@@ -136,8 +151,15 @@ start_stack() { # window
   eval "$out"
   say "llama-server ($window-token window) ready at $LLAMA_URL ($((SECONDS - t0))s)"
 
+  export E2E_RELAY_LOG="$LOGS/relay-$window.jsonl"
+  "$PYTHON" "$root/tests/e2e/recording_relay.py" "$RELAY_PORT" "${LLAMA_URL%/v1}" "$E2E_RELAY_LOG" \
+    >"$LOGS/relay-$window.log" 2>&1 &
+  relay_pid=$!
+
   local config="$LOGS/compactor-$window.toml"
-  sed -E "s/^(\"qwen2.5-coder-0.5b\" = )[0-9]+/\1$window/" "$root/tests/e2e/compactor.e2e.toml" >"$config"
+  { echo "anthropic_upstream = \"http://127.0.0.1:$RELAY_PORT\""
+    sed -E "s/^(\"qwen2.5-coder-0.5b\" = )[0-9]+/\1$window/" "$root/tests/e2e/compactor.e2e.toml"
+  } >"$config"
   COMPACTOR_LOG_FILE="$LOGS/compactor-$window.log"
   # Only the e2e configuration counts: drop COMPACTOR_* overrides from the caller's environment.
   # shellcheck disable=SC2046
@@ -166,6 +188,7 @@ export E2E_PYTHON="$CACHE/venv/bin/python"
 export NODE_PATH="$CACHE/node/node_modules"
 export PI_BIN="$CACHE/node/node_modules/.bin/pi"
 export AIDER_BIN="$CACHE/venv-aider/bin/aider"
+export CLAUDE_BIN="$CACHE/claude/node_modules/@anthropic-ai/claude-code-linux-x64/claude"
 
 declare -A status seconds results
 failed=0
@@ -182,6 +205,8 @@ for s in "${scenarios[@]}"; do
     node) cmd=(node "$root/tests/e2e/scenario_openai_node.cjs") ;;
     pi) cmd=(bash "$root/tests/e2e/scenario_pi.sh") ;;
     aider) cmd=(bash "$root/tests/e2e/scenario_aider.sh") ;;
+    anthropic) cmd=("$CACHE/venv-anthropic/bin/python" "$root/tests/e2e/scenario_anthropic_python.py") ;;
+    claude) cmd=(bash "$root/tests/e2e/scenario_claude_code.sh") ;;
   esac
   say "scenario $s (window $window): ${cmd[*]}"
   t0=$SECONDS

@@ -54,7 +54,10 @@ async fn post(proxy: &Proxy, path: &str, headers: &[(&str, &str)], body: String)
 }
 
 /// The fixture's requests: path, headers and body, in order.
-fn session() -> Vec<(String, Vec<(String, String)>, Value)> {
+/// One recorded request: path, headers, body.
+type Recorded = (String, Vec<(String, String)>, Value);
+
+fn session() -> Vec<Recorded> {
     SESSION
         .lines()
         .map(|line| {

@@ -290,6 +290,7 @@ impl Engine {
     /// `model_text`) as a checkpoint of its own, when it ends at a place the conversation may be
     /// cut and frees tokens: a fold cut short (a timeout, a client gone, a failing summarizer)
     /// leaves it behind, and the next request continues from there instead of starting over.
+    #[allow(clippy::too_many_arguments)]
     async fn store_progress(
         &self,
         context: &RequestContext,

@@ -58,6 +58,11 @@ pub(super) async fn serve(
             e.into_response_in(target.dialect)
         }
     };
+    count_request(app, &target, &response);
+    response
+}
+
+fn count_request(app: &App, target: &Target<'_>, response: &Response) {
     app.metrics
         .requests
         .get_or_create(&RequestLabels {
@@ -65,7 +70,6 @@ pub(super) async fn serve(
             status: response.status().as_u16(),
         })
         .inc();
-    response
 }
 
 async fn serve_inner(
@@ -410,12 +414,6 @@ pub(super) async fn count_through_checkpoint(
     }
     .await;
     let response = result.unwrap_or_else(|e| e.into_response_in(target.dialect));
-    app.metrics
-        .requests
-        .get_or_create(&RequestLabels {
-            route: target.route,
-            status: response.status().as_u16(),
-        })
-        .inc();
+    count_request(app, &target, &response);
     response
 }

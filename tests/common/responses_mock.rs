@@ -129,9 +129,9 @@ pub fn input_text(body: &Value) -> String {
             Value::Array(a) => a.iter().for_each(|x| collect(x, out)),
             Value::Object(m) => {
                 for (k, x) in m {
-                    if matches!(k.as_str(), "content" | "output" | "arguments" | "text") {
-                        collect(x, out);
-                    } else if x.is_array() || x.is_object() {
+                    // Text under these keys; elsewhere only what nests (not ids, types, …).
+                    let text = matches!(k.as_str(), "content" | "output" | "arguments" | "text");
+                    if text || x.is_array() || x.is_object() {
                         collect(x, out);
                     }
                 }

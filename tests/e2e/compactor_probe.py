@@ -16,6 +16,7 @@ and prints the newest summary, read with the admin token from /compactor/v1/chec
 import argparse
 import json
 import os
+import re
 import sys
 import urllib.request
 
@@ -58,6 +59,8 @@ def main() -> int:
     check.add_argument("--min-requests", type=int, default=2)
     check.add_argument("--min-window-factor", type=float, default=1.0)
     check.add_argument("--min-compactions", type=int, default=1)
+    check.add_argument("--min-reused", type=int, default=0,
+                       help="requests sent compacted without writing a new summary")
     check.add_argument("--admin-token", default=os.environ.get("E2E_ADMIN_TOKEN", ""))
     check.add_argument("--seconds", type=float, default=0.0)
     args = parser.parse_args()
@@ -67,20 +70,27 @@ def main() -> int:
         return 0
 
     events = read_events(args.log, args.since)
-    served = [e for e in events if e.get("message") == "Served a chat request."]
+    served = [e for e in events if re.fullmatch(r"Served a \w+ request\.", e.get("message", ""))]
     compactions = [e for e in events if e.get("message") == "Compacted a conversation."]
     failures = [e for e in events if e.get("message", "").startswith("Compaction failed")]
     bad = [e for e in served if int(e.get("status", 0)) != 200]
     max_prompt = max((int(e.get("prompt_tokens", 0)) for e in served), default=0)
+    sent_compacted = sum(1 for e in served if e.get("compacted") in (True, "true"))
+    reused = sent_compacted - len(compactions)
     name = args.scenario
     print(
         f"[{name}] {len(served)} chat requests, statuses "
         f"{sorted({int(e.get('status', 0)) for e in served})}, largest request {max_prompt} "
         f"tokens (window {args.window}), {len(compactions)} compactions, "
         f"{len(failures)} compaction failures, "
-        f"{sum(1 for e in served if e.get('compacted') in (True, 'true'))} requests sent compacted",
+        f"{sent_compacted} requests sent compacted ({max(reused, 0)} reusing a checkpoint)",
         flush=True,
     )
+    overheads = sorted(float(e["overhead_ms"]) for e in served if "overhead_ms" in e)
+    summaries = [int(e["summary_ms"]) for e in served if int(e.get("summary_ms", 0)) > 0]
+    if overheads:
+        print(f"[{name}] overhead per request: median {overheads[len(overheads) // 2]:.1f} ms, "
+              f"max {overheads[-1]:.1f} ms; summary waits: {summaries} ms", flush=True)
     ok = True
     if len(served) < args.min_requests:
         print(f"[{name}] FAIL: only {len(served)} chat requests reached Compactor")
@@ -98,6 +108,9 @@ def main() -> int:
     if len(compactions) < args.min_compactions:
         print(f"[{name}] FAIL: {len(compactions)} compactions, wanted {args.min_compactions}")
         ok = False
+    if reused < args.min_reused:
+        print(f"[{name}] FAIL: {max(reused, 0)} requests reused a checkpoint, wanted {args.min_reused}")
+        ok = False
     if compactions and args.admin_token:
         cid = compactions[-1].get("checkpoint")
         try:
@@ -113,6 +126,7 @@ def main() -> int:
         "scenario": name,
         "requests": len(served),
         "compactions": len(compactions),
+        "reused": max(reused, 0),
         "history_tokens": max_prompt,
         "window": args.window,
         "seconds": args.seconds,
