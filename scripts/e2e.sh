@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # End-to-end scenarios: real clients, through Compactor, to a real model (llama-server).
 #
-#   scripts/e2e.sh                    all scenarios: python node anthropic pi aider claude
+#   scripts/e2e.sh                    the default scenarios: python node pi aider (anthropic and
+#                                     claude run when named)
 #   scripts/e2e.sh python pi          only these
 #   scripts/e2e.sh setup              only install the clients, the server and the model
 #
@@ -57,7 +58,7 @@ RELAY_PORT="${E2E_RELAY_PORT:-$((PORT + 2))}"
 setup_only=false
 if [[ "${1:-}" == setup ]]; then setup_only=true; shift; fi
 scenarios=("$@")
-[[ ${#scenarios[@]} -gt 0 ]] || scenarios=(python node anthropic pi aider claude)
+[[ ${#scenarios[@]} -gt 0 ]] || scenarios=(python node pi aider)
 for s in "${scenarios[@]}"; do
   case "$s" in python|node|pi|aider|anthropic|claude) ;; *) echo "unknown scenario $s (python node pi aider anthropic claude)" >&2; exit 2 ;; esac
 done
