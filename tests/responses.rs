@@ -319,6 +319,27 @@ async fn a_string_input_is_served() {
     assert_eq!(mock.turns()[0].json(), body);
 }
 
+#[tokio::test]
+async fn input_tokens_are_counted_on_the_body_as_it_would_be_sent() {
+    let mock = start_responses_mock().await;
+    let proxy = proxy_for(&mock, 3000).await;
+    let mut thread = Thread::new();
+    for t in 0..12 {
+        thread.turn(t, 120);
+    }
+    let reply = post(&proxy, "/responses", KEY, &thread.body(false)).await;
+    assert_eq!(reply.header("x-compactor-compacted"), Some("true"));
+    let sent = mock.turns().last().unwrap().json();
+    let reply = post(&proxy, "/responses/input_tokens", KEY, &thread.body(false)).await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    let counted = mock.others().last().unwrap().json();
+    assert_eq!(
+        counted["input"], sent["input"],
+        "counted through the checkpoint"
+    );
+    assert!(reply.json()["input_tokens"].as_u64().unwrap() > 0);
+}
+
 fn fixture(name: &str) -> Vec<Value> {
     let path = format!(
         "{}/tests/fixtures/codex/{name}.jsonl",

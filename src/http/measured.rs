@@ -114,7 +114,10 @@ async fn serve_inner(
     let mut upstream_time = Duration::ZERO;
     let (mut prepared, mut response) =
         send_timed(app, target, outgoing(), prepared, &mut upstream_time).await?;
+    // The wait for a stream's first bytes is the provider's time, not the proxy's.
+    let probing = Instant::now();
     let mut probe = probe(target.dialect, &mut response, &bytes).await?;
+    upstream_time += probing.elapsed();
     if let Some(overflow) = probe.overflow.filter(|_| mode != Mode::Off) {
         // The provider's window is smaller than we thought: learn it, compact harder, retry once.
         app.metrics.overflow_retries.inc();
@@ -130,7 +133,9 @@ async fn serve_inner(
         (prepared, response) =
             send_timed(app, target, outgoing(), again, &mut upstream_time).await?;
         prepared.outcome.summary_time += summary_before;
+        let probing = Instant::now();
         probe = self::probe(target.dialect, &mut response, &bytes).await?;
+        upstream_time += probing.elapsed();
         if let Some(again) = probe.overflow.filter(|o| o.trusted) {
             // Compaction did not make it fit: say so in the client's own words, which agents
             // recognise (a provider's own wording, such as llama.cpp's, often is not). An error
@@ -378,8 +383,9 @@ fn outcome_headers(app: &App, headers: &mut HeaderMap, outcome: &Outcome, overhe
     }
 }
 
-/// A token-counting request (`/v1/messages/count_tokens`): counted by the provider on the body
-/// as it would be sent now, through the conversation's checkpoint (no summary is made here).
+/// A token-counting request (`/v1/messages/count_tokens`, `/v1/responses/input_tokens`):
+/// counted by the provider on the body as it would be sent now, through the conversation's
+/// checkpoint (no summary is made here).
 pub(super) async fn count_through_checkpoint(
     app: &Arc<App>,
     tenant: &tenant::Tenant,

@@ -57,6 +57,10 @@ pub fn router(app: Arc<App>) -> Router {
             post(count_tokens).fallback(passthrough),
         )
         .route("/v1/responses", post(responses).fallback(passthrough))
+        .route(
+            "/v1/responses/input_tokens",
+            post(input_tokens).fallback(passthrough),
+        )
         .route("/v1/messages/{*rest}", any(passthrough))
         .route("/v1/{*rest}", any(passthrough))
         .route_layer(axum::middleware::from_fn_with_state(
@@ -235,6 +239,23 @@ async fn count_tokens(
         path: "/v1/messages/count_tokens",
         upstream: &app.anthropic_upstream,
         upstream_path,
+    };
+    measured::count_through_checkpoint(&app, &tenant, &headers, body, target).await
+}
+
+/// `POST /v1/responses/input_tokens`: counted through the conversation's checkpoint.
+async fn input_tokens(
+    State(app): State<Arc<App>>,
+    Extension(tenant): Extension<tenant::Tenant>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let target = measured::Target {
+        dialect: &Responses,
+        route: Route::Responses,
+        path: "/v1/responses/input_tokens",
+        upstream: &app.upstream,
+        upstream_path: "/responses/input_tokens".into(),
     };
     measured::count_through_checkpoint(&app, &tenant, &headers, body, target).await
 }

@@ -74,7 +74,9 @@ def without_cache_marker(message: dict) -> dict:
 
 
 def ask(client, messages, stream: bool):
-    kwargs = dict(model=MODEL, max_tokens=MAX_TOKENS, system=SYSTEM, tools=TOOLS, messages=messages, temperature=0)
+    # Sampling settings go as extra body fields: this SDK release takes no `temperature` argument.
+    kwargs = dict(model=MODEL, max_tokens=MAX_TOKENS, system=SYSTEM, tools=TOOLS, messages=messages,
+                  extra_body={"temperature": 0})
     if stream:
         with client.messages.stream(**kwargs) as s:
             message = s.get_final_message()
