@@ -40,6 +40,9 @@ pub(super) struct Target<'a> {
     pub upstream: &'a Upstream,
     /// Path (and query) on the upstream, relative to its base.
     pub upstream_path: String,
+    /// Whether a body relies on history the provider holds (Responses' `previous_response_id`):
+    /// such a request is forwarded untouched, since the proxy cannot see what it would compact.
+    pub holds_server_state: Option<fn(&[u8]) -> bool>,
 }
 
 /// Serves one request of `target`'s dialect on the measured path.
@@ -83,6 +86,9 @@ async fn serve_inner(
     refuse_encoded_body(headers)?;
     let instructions = instructions(headers)?;
     let (bytes, _budget) = app.limits.read_body(headers, body).await?;
+    if target.holds_server_state.is_some_and(|holds| holds(&bytes)) {
+        return forward_untouched(target, headers, bytes).await;
+    }
     let request: Arc<dyn WireRequest> = Arc::from(target.dialect.parse(&bytes)?);
     measure_on_blocking_pool(app, &request).await;
     let mode = match header_str(headers, "x-compactor-mode") {
@@ -160,6 +166,32 @@ async fn serve_inner(
         },
         &context,
     ))
+}
+
+/// A request the proxy cannot compact, sent as it came and marked so.
+async fn forward_untouched(
+    target: &Target<'_>,
+    headers: &HeaderMap,
+    bytes: Bytes,
+) -> Result<Response, ApiError> {
+    let response = target
+        .upstream
+        .send(
+            Method::POST,
+            &target.upstream_path,
+            forwarded_headers(headers),
+            upstream::body_from(bytes),
+        )
+        .await?;
+    let mut out = Response::new(Body::from_stream(response.body));
+    *out.status_mut() = response.status;
+    *out.headers_mut() = response.headers;
+    set(
+        out.headers_mut(),
+        "x-compactor-compaction",
+        "skipped; reason=server-state",
+    );
+    Ok(out)
 }
 
 /// The refusal of a request the provider still found too long after compaction: the numbers are

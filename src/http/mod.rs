@@ -194,6 +194,7 @@ async fn chat(
         path: "/v1/chat/completions",
         upstream: &app.upstream,
         upstream_path: "/chat/completions".into(),
+        holds_server_state: None,
     };
     measured::serve(&app, &tenant, &headers, body, target).await
 }
@@ -217,6 +218,7 @@ async fn messages(
         path: "/v1/messages",
         upstream: &app.anthropic_upstream,
         upstream_path,
+        holds_server_state: None,
     };
     measured::serve(&app, &tenant, &headers, body, target).await
 }
@@ -239,6 +241,7 @@ async fn count_tokens(
         path: "/v1/messages/count_tokens",
         upstream: &app.anthropic_upstream,
         upstream_path,
+        holds_server_state: None,
     };
     measured::count_through_checkpoint(&app, &tenant, &headers, body, target).await
 }
@@ -256,40 +259,26 @@ async fn input_tokens(
         path: "/v1/responses/input_tokens",
         upstream: &app.upstream,
         upstream_path: "/responses/input_tokens".into(),
+        holds_server_state: None,
     };
     measured::count_through_checkpoint(&app, &tenant, &headers, body, target).await
 }
 
 /// `POST /v1/responses`: the measured path in the Responses dialect. A request that relies on
-/// state the provider holds (`previous_response_id`, `conversation`) carries history the proxy
-/// cannot see: it is forwarded untouched and says so.
+/// state the provider holds (`previous_response_id`, `conversation`) is forwarded untouched.
 async fn responses(
     State(app): State<Arc<App>>,
     Extension(tenant): Extension<tenant::Tenant>,
-    method: Method,
-    uri: Uri,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let (bytes, body) = match app.limits.read_body(&headers, body).await {
-        Ok((bytes, _budget)) => (bytes.clone(), Body::from(bytes)),
-        Err(e) => return e.into_response(),
-    };
-    if crate::dialect::responses::uses_server_state(&bytes) {
-        let mut response = passthrough(State(app), method, uri, headers, body).await;
-        set(
-            response.headers_mut(),
-            "x-compactor-compaction",
-            "skipped; reason=server-state",
-        );
-        return response;
-    }
     let target = measured::Target {
         dialect: &Responses,
         route: Route::Responses,
         path: "/v1/responses",
         upstream: &app.upstream,
         upstream_path: "/responses".into(),
+        holds_server_state: Some(crate::dialect::responses::uses_server_state),
     };
     measured::serve(&app, &tenant, &headers, body, target).await
 }
