@@ -161,6 +161,21 @@ fn is_empty(v: &Value) -> bool {
     }
 }
 
+/// A call item's tool name (none for `local_shell_call`) and its arguments as text: `arguments`,
+/// a custom tool's `input`, or a shell call's `action`.
+pub fn call_of(value: &Value) -> (Option<&str>, String) {
+    let name = value.get("name").and_then(Value::as_str);
+    let args = match value.get("arguments").or_else(|| value.get("input")) {
+        Some(Value::String(s)) => s.clone(),
+        Some(v) => v.to_string(),
+        None => value
+            .get("action")
+            .map(Value::to_string)
+            .unwrap_or_default(),
+    };
+    (name, args)
+}
+
 /// What an item says, as plain text: who (`user`, `assistant`, `tool result`, …) and the text
 /// itself, in full. `None` for what cannot be read (encrypted reasoning, opaque items).
 pub fn readable(item: &Item) -> Option<(String, String)> {
@@ -185,16 +200,8 @@ pub fn readable(item: &Item) -> Option<(String, String)> {
             ("assistant reasoning".to_string(), text)
         }
         ItemKind::Call => {
-            let name = value.get("name").and_then(Value::as_str).unwrap_or("tool");
-            let args = match value.get("arguments").or_else(|| value.get("input")) {
-                Some(Value::String(s)) => s.clone(),
-                Some(v) => v.to_string(),
-                None => value
-                    .get("action")
-                    .map(Value::to_string)
-                    .unwrap_or_default(),
-            };
-            (format!("assistant called {name}"), args)
+            let (name, args) = call_of(&value);
+            (format!("assistant called {}", name.unwrap_or("tool")), args)
         }
         ItemKind::Output => {
             let output = match value.get("output") {

@@ -245,32 +245,24 @@ impl WireRequest for ResponsesRequest {
 
     fn view(&self, index: usize) -> MessageView {
         let item = &self.items[index];
-        let text = self.text(index).map(|(_, text)| text).unwrap_or_default();
+        let text = || self.text(index).map(|(_, text)| text).unwrap_or_default();
         let mut view = MessageView::default();
         match &item.kind {
             ItemKind::Call => {
                 let value: Value = serde_json::from_str(item.raw.get()).unwrap_or(Value::Null);
-                let name = value.get("name").and_then(Value::as_str);
-                // A `local_shell_call` names no tool: its `action` holds the command.
-                let arguments = match value.get("arguments").or_else(|| value.get("input")) {
-                    Some(Value::String(s)) => s.clone(),
-                    Some(other) => other.to_string(),
-                    None => value
-                        .get("action")
-                        .map(Value::to_string)
-                        .unwrap_or_default(),
-                };
+                let (name, arguments) = items::call_of(&value);
                 view.tool_calls.push(ToolCall {
                     id: item.call_id.clone().unwrap_or_default(),
+                    // A `local_shell_call` names no tool: its `action` holds the command.
                     name: name.unwrap_or("shell").to_string(),
                     arguments,
                 });
             }
             ItemKind::Output => {
                 view.tool_call_id = item.call_id.clone();
-                view.text = text;
+                view.text = text();
             }
-            _ => view.text = text,
+            _ => view.text = text(),
         }
         view
     }
