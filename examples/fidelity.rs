@@ -40,6 +40,30 @@ struct Args {
     /// Longest summary, in tokens (default: what the proxy allows for this window).
     #[arg(long)]
     summary_tokens: Option<u64>,
+    /// How summary requests are worded: `sections` (the proxy's) or `outline` (for small
+    /// models: the task and bare headings after the transcript).
+    #[arg(long, default_value = "sections", value_parser = ["sections", "outline"])]
+    wording: String,
+    /// How a chunk's summary is carried into the next: `rewrite` (the model rewrites it with the
+    /// next chunk) or `append` (each chunk summarized alone, the texts joined).
+    #[arg(long, default_value = "rewrite", value_parser = ["rewrite", "append"])]
+    carry: String,
+    /// Transcript tokens per summary request (default: what fits the window beside the prompt,
+    /// the previous summary and the answer).
+    #[arg(long)]
+    chunk_tokens: Option<u64>,
+    /// Longest answer the model may write, in tokens (default: the proxy's, half the summary
+    /// budget; the record gets what the model leaves, up to `--record-share`).
+    #[arg(long)]
+    model_tokens: Option<u64>,
+    /// Most of the summary budget the record takes, in percent (the proxy's: all the model
+    /// leaves).
+    #[arg(long, default_value_t = record::SHARE)]
+    record_share: u64,
+    /// Score again the model texts an earlier run saved under this label (in `--summaries`)
+    /// instead of asking the model: record variants on the same model text.
+    #[arg(long)]
+    model_texts: Option<String>,
     /// Name of the variant measured, for the results.
     #[arg(long, default_value = "current")]
     label: String,
@@ -93,14 +117,28 @@ async fn run(args: &Args) -> Result<(), String> {
         0 => "the whole span summarized".to_string(),
         cap => format!("span capped to its newest {cap} tokens from a user message"),
     };
-    let settings = format!(
+    let mut settings = format!(
         "model `{}`, summarizer window {} tokens, summary budget {budget} tokens, newest {} tokens \
-         kept verbatim, {span}",
-        args.model, args.window, args.keep_tokens,
+         kept verbatim, {span}; wording `{}`, carry `{}`",
+        args.model, args.window, args.keep_tokens, args.wording, args.carry,
+    );
+    if let Some(n) = args.chunk_tokens {
+        let _ = write!(settings, ", chunks of at most {n} transcript tokens");
+    }
+    let model_tokens = args
+        .model_tokens
+        .unwrap_or_else(|| record::model_allowance(budget))
+        .min(budget);
+    let _ = write!(
+        settings,
+        ", model answers of at most {model_tokens} tokens, record up to {}% of the budget",
+        args.record_share
     );
     println!("{} ({settings})", args.label);
     let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(1800))
+        // One request may read 8k tokens and more on a loaded 2-core machine: 30 minutes was
+        // seen to be too short.
+        .timeout(Duration::from_secs(4 * 3600))
         .build()
         .map_err(|e| e.to_string())?;
     let mut rows = Vec::new();
@@ -166,16 +204,29 @@ async fn run(args: &Args) -> Result<(), String> {
             ("file lists only", String::new(), None),
             (
                 "record + file lists only",
-                record::attach("", &views, None, encoding, budget),
+                record::attach_share("", &views, None, encoding, budget, args.record_share),
                 None,
             ),
         ];
-        if !args.no_model {
-            let started = Instant::now();
-            let model_text = summarize_span(&client, args, &span, budget).await?;
-            let seconds = Some(started.elapsed().as_secs_f64());
+        let answer = match &args.model_texts {
+            Some(label) => Some((saved_model_text(args, label, &name)?, None)),
+            None if !args.no_model => {
+                let started = Instant::now();
+                let text = summarize_span(&client, args, &span, model_tokens).await?;
+                Some((text, Some(started.elapsed().as_secs_f64())))
+            }
+            None => None,
+        };
+        if let Some((model_text, seconds)) = answer {
             // What the proxy stores: the model's text, then the record.
-            let stored = record::attach(&model_text, &views, None, encoding, budget);
+            let stored = record::attach_share(
+                &model_text,
+                &views,
+                None,
+                encoding,
+                budget,
+                args.record_share,
+            );
             variants.push(("ours, model text + file lists", model_text, seconds));
             variants.push(("ours, as stored (+ record)", stored, seconds));
         }
@@ -207,8 +258,39 @@ async fn run(args: &Args) -> Result<(), String> {
     Ok(())
 }
 
+/// The model's text in the summary an earlier run (`label`) saved for conversation `name`.
+fn saved_model_text(args: &Args, label: &str, name: &str) -> Result<String, String> {
+    let dir = args.summaries.as_deref().unwrap_or(Path::new("."));
+    let path = dir.join(format!("{label}-{name}-model.md"));
+    let saved = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let start = saved
+        .find("<summary>\n")
+        .map_or(0, |at| at + "<summary>\n".len());
+    let text = &saved[start..];
+    let end = ["\n<files-read>", "\n<files-modified>", "\n</summary>"]
+        .iter()
+        .filter_map(|tag| text.find(tag))
+        .min()
+        .unwrap_or(text.len());
+    Ok(text[..end].trim().to_string())
+}
+
 fn reference_path(file: &Path) -> PathBuf {
     file.with_extension("reference_summary.md")
+}
+
+/// The summary style the flags ask for.
+fn style(args: &Args) -> summarize::Style {
+    summarize::Style {
+        wording: match args.wording.as_str() {
+            "outline" => summarize::Wording::Outline,
+            _ => summarize::Wording::Sections,
+        },
+        carry: match args.carry.as_str() {
+            "append" => summarize::Carry::Append,
+            _ => summarize::Carry::Rewrite,
+        },
+    }
 }
 
 /// The summarizer's text for `span`: the transcript in chunks that fit the summarizer, folded
@@ -224,18 +306,29 @@ async fn summarize_span(
     let margin = 1024.min(args.window / 16);
     let usable = ((args.window - margin) as f64 / factor) as u64;
     // Room for the transcript beside the prompt, the largest previous summary and the answer.
-    let budget = usable
+    let fits = usable
         .saturating_sub(2 * max_tokens)
         .saturating_sub(summarize::fixed_cost(encoding))
         .max(256);
+    let budget = args.chunk_tokens.map_or(fits, |n| n.min(fits));
+    let style = style(args);
     let entries = span
         .iter()
         .map(|m| summarize::transcript_entry(m))
         .collect();
     let mut running: Option<String> = None;
-    for chunk in summarize::chunk(entries, encoding, budget) {
-        let body =
-            summarize::request_body(&args.model, running.as_deref(), &chunk, &[], max_tokens);
+    let chunks = summarize::chunk(entries, encoding, budget);
+    let count = chunks.len();
+    for (n, chunk) in chunks.into_iter().enumerate() {
+        let started = Instant::now();
+        let body = summarize::request_body(
+            &args.model,
+            style,
+            running.as_deref(),
+            &chunk,
+            &[],
+            max_tokens,
+        );
         let response = client
             .post(format!(
                 "{}/chat/completions",
@@ -251,7 +344,14 @@ async fn summarize_span(
         if !status.is_success() {
             return Err(format!("summarizer answered {status}"));
         }
-        running = Some(summarize::read_answer(&bytes).map_err(|e| e.to_string())?);
+        let answer = summarize::read_answer(&bytes).map_err(|e| e.to_string())?;
+        eprintln!(
+            "fidelity: chunk {}/{count} ({} tokens) summarized in {:.0} s",
+            n + 1,
+            encoding.count(&chunk),
+            started.elapsed().as_secs_f64()
+        );
+        running = Some(style.fold(running.as_deref(), answer, encoding, max_tokens));
     }
     running.ok_or_else(|| "empty span".to_string())
 }

@@ -6,11 +6,19 @@
 #   scripts/bench.sh                      # everything (about 5-8 minutes on 2 cores)
 #   scripts/bench.sh --systems nginx,compactor --seconds 5
 #   scripts/bench.sh --help               # all options (scripts/bench/run.py)
+#   # two builds in one run, interleaved (e.g. before and after a change):
+#   scripts/bench.sh --systems compactor --baseline-compactor ../before/target/release/compactor \
+#     --baseline-name b78c675 --label before-after
 #
 # What it installs when missing (as root; otherwise install them first):
-#   Debian:    nginx, wrk                          (apt-get)
-#   crates.io: oha $OHA_VERSION                    (cargo install, into $CACHE/oha)
-#   PyPI:      litellm[proxy]==$LITELLM_VERSION    (a venv in $CACHE/litellm-venv)
+#   Debian:    nginx, wrk, libssl-dev, pkg-config  (apt-get)
+#   crates.io: oha $OHA_VERSION                    (cargo install, into $CACHE/oha-bin, with
+#              its native-tls feature instead of the default rustls one, whose aws-lc-sys does
+#              not build everywhere; oha does not build with no TLS feature at all). If that
+#              fails too, the fixed-rate rows run on wrk, paced (the report says so: its tail
+#              figures are not oha's).
+#   PyPI:      litellm[proxy]==$LITELLM_VERSION    (a venv in $CACHE/litellm-venv; only when
+#              LiteLLM is among --systems)
 #              openai==$OPENAI_SDK_VERSION          (a venv in $CACHE/sdk-venv: the real-SDK row)
 # and it builds target/release/compactor (`cargo build --release`) unless BENCH_NO_BUILD=1.
 #
@@ -33,6 +41,8 @@ missing=()
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing+=(nginx)
 command -v wrk >/dev/null 2>&1 || missing+=(wrk)
 command -v taskset >/dev/null 2>&1 || missing+=(util-linux)
+command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
+[ -e /usr/include/openssl/ssl.h ] || missing+=(libssl-dev)
 if [ ${#missing[@]} -gt 0 ]; then
   say "installing ${missing[*]} (apt-get)"
   if [ "$(id -u)" -ne 0 ]; then say "not root: install ${missing[*]} first"; exit 1; fi
@@ -42,19 +52,34 @@ fi
 export PATH="/usr/sbin:$PATH"
 
 # --- oha (fixed-rate load with latency correction) ---------------------------------------------
-OHA="$CACHE/oha/bin/oha"
+OHA="$CACHE/oha-bin/bin/oha"
 if [ ! -x "$OHA" ]; then
   if command -v oha >/dev/null 2>&1; then
     OHA="$(command -v oha)"
   else
-    say "installing oha $OHA_VERSION (cargo install, a few minutes)"
-    cargo install --locked --quiet oha --version "$OHA_VERSION" --root "$CACHE/oha"
+    say "installing oha $OHA_VERSION with native-tls (cargo install, a few minutes)"
+    # A target dir of its own: never the project's (CARGO_TARGET_DIR may point there).
+    if ! CARGO_TARGET_DIR="$CACHE/oha-build" cargo install --locked --quiet oha \
+        --version "$OHA_VERSION" --no-default-features --features native-tls \
+        --root "$CACHE/oha-bin"; then
+      say "oha did not install: the fixed-rate rows run on wrk, paced"
+      OHA=""
+    fi
+    rm -rf "$CACHE/oha-build"
   fi
 fi
 
-# --- LiteLLM proxy in its own venv -------------------------------------------------------------
+# --- LiteLLM proxy in its own venv, when it is measured -----------------------------------------
+systems="direct,nginx,litellm,compactor"
+args=("$@")
+for i in "${!args[@]}"; do
+  case "${args[$i]}" in
+    --systems) systems="${args[$((i + 1))]:-}" ;;
+    --systems=*) systems="${args[$i]#--systems=}" ;;
+  esac
+done
 VENV="$CACHE/litellm-venv"
-if [ ! -x "$VENV/bin/litellm" ]; then
+if [[ ",${systems,,}," == *,litellm,* ]] && [ ! -x "$VENV/bin/litellm" ]; then
   say "installing litellm[proxy]==$LITELLM_VERSION into $VENV (pip)"
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install -q --upgrade pip
@@ -79,8 +104,11 @@ fi
 
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" || true
 
-# run.py needs only the standard library; the venv's interpreter also brings tiktoken (and
-# LiteLLM's bundled encoding files) for exact token counts of the large conversation.
+# run.py needs only the standard library; LiteLLM's venv also brings tiktoken (and its bundled
+# encoding files) for exact token counts of the large conversation, so it runs there when present.
+PYTHON="$VENV/bin/python"
+[ -x "$PYTHON" ] || PYTHON=python3
 export BENCH_COMMAND="scripts/bench.sh${*:+ $*}"
-exec "$VENV/bin/python" "$ROOT/scripts/bench/run.py" \
-  --oha "$OHA" --litellm "$VENV/bin/litellm" --sdk-python "$SDK_VENV/bin/python" "$@"
+exec "$PYTHON" "$ROOT/scripts/bench/run.py" \
+  --oha "$OHA" --litellm "$VENV/bin/litellm" --sdk-python "$SDK_VENV/bin/python" \
+  --compactor "${CARGO_TARGET_DIR:-$ROOT/target}/release/compactor" "$@"

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # End-to-end scenarios: real clients, through Compactor, to a real model (llama-server).
 #
-#   scripts/e2e.sh                    the default scenarios: python node pi aider (anthropic and
-#                                     claude run when named)
+#   scripts/e2e.sh                    the default scenarios: python node pi aider (anthropic,
+#                                     claude, codex and responses run when named)
 #   scripts/e2e.sh python pi          only these
 #   scripts/e2e.sh setup              only install the clients, the server and the model
 #
@@ -15,7 +15,8 @@
 # Windows: the SDK scenarios (python, node) run against a 2048-token window, so that a history
 # of three windows and several compactions take a few minutes on 2 cores; the agents (pi,
 # aider) against 4096 tokens, since Pi's own prompt and tools take about 1.4k. The Anthropic
-# scenarios follow the same split: the SDK (anthropic) at 2048, Claude Code (claude) at 4096.
+# scenarios follow the same split: the SDK (anthropic) at 2048, Claude Code (claude) at 4096, and
+# so do the Responses ones: the SDK (responses) at 2048, Codex (codex) at 4096.
 # Their /v1/messages traffic goes upstream through a recording relay (tests/e2e/recording_relay.py)
 # so that they can check what Compactor forwarded.
 #
@@ -53,6 +54,7 @@ AIDER_PACKAGES=(aider-chat==0.86.2)
 NPM_PACKAGES=(openai@7.59.0 @mariozechner/pi-coding-agent@0.73.1)
 ANTHROPIC_PACKAGES=(anthropic==2.10.0)
 CLAUDE_PACKAGES=(@anthropic-ai/claude-code@2.1.328)
+CODEX_PACKAGES=(@openai/codex@0.169.0)
 RELAY_PORT="${E2E_RELAY_PORT:-$((PORT + 2))}"
 
 setup_only=false
@@ -60,10 +62,12 @@ if [[ "${1:-}" == setup ]]; then setup_only=true; shift; fi
 scenarios=("$@")
 [[ ${#scenarios[@]} -gt 0 ]] || scenarios=(python node pi aider)
 for s in "${scenarios[@]}"; do
-  case "$s" in python|node|pi|aider|anthropic|claude) ;; *) echo "unknown scenario $s (python node pi aider anthropic claude)" >&2; exit 2 ;; esac
+  case "$s" in python|node|pi|aider|anthropic|claude|codex|responses) ;;
+    *) echo "unknown scenario $s (python node pi aider anthropic claude codex responses)" >&2; exit 2 ;;
+  esac
 done
 wants() { local s; for s in "${scenarios[@]}"; do [[ "$s" == "$1" ]] && return 0; done; return 1; }
-window_of() { case "$1" in python|node|anthropic) echo "$SDK_WINDOW" ;; *) echo "$AGENT_WINDOW" ;; esac; }
+window_of() { case "$1" in python|node|anthropic|responses) echo "$SDK_WINDOW" ;; *) echo "$AGENT_WINDOW" ;; esac; }
 
 say() { echo "e2e: $*" >&2; }
 mkdir -p "$CACHE" "$LOGS"
@@ -106,6 +110,7 @@ wants aider && venv_with "$CACHE/venv-aider" "${AIDER_PACKAGES[@]}"
 if wants node || wants pi; then npm_with "$CACHE/node" "${NPM_PACKAGES[@]}"; fi
 wants anthropic && venv_with "$CACHE/venv-anthropic" "${ANTHROPIC_PACKAGES[@]}"
 wants claude && npm_with "$CACHE/claude" "${CLAUDE_PACKAGES[@]}"
+wants codex && npm_with "$CACHE/codex" "${CODEX_PACKAGES[@]}"
 say "clients ready ($((SECONDS - t0))s)"
 
 # The server and the model, fetched (or built) once; a no-op when cached.
@@ -190,6 +195,7 @@ export NODE_PATH="$CACHE/node/node_modules"
 export PI_BIN="$CACHE/node/node_modules/.bin/pi"
 export AIDER_BIN="$CACHE/venv-aider/bin/aider"
 export CLAUDE_BIN="$CACHE/claude/node_modules/@anthropic-ai/claude-code-linux-x64/claude"
+export CODEX_BIN="$CACHE/codex/node_modules/@openai/codex-linux-x64/vendor/x86_64-unknown-linux-musl/bin/codex"
 
 declare -A status seconds results
 failed=0
@@ -208,6 +214,8 @@ for s in "${scenarios[@]}"; do
     aider) cmd=(bash "$root/tests/e2e/scenario_aider.sh") ;;
     anthropic) cmd=("$CACHE/venv-anthropic/bin/python" "$root/tests/e2e/scenario_anthropic_python.py") ;;
     claude) cmd=(bash "$root/tests/e2e/scenario_claude_code.sh") ;;
+    codex) cmd=(bash "$root/tests/e2e/scenario_codex.sh") ;;
+    responses) cmd=("$CACHE/venv/bin/python" "$root/tests/e2e/scenario_responses_python.py") ;;
   esac
   say "scenario $s (window $window): ${cmd[*]}"
   t0=$SECONDS
@@ -232,9 +240,9 @@ stop_stack
 # ---- report --------------------------------------------------------------------------------
 echo
 echo "e2e results (model $MODEL, logs in $LOGS, $((SECONDS - started))s in all):"
-printf '  %-7s %-22s %8s  %s\n' scenario status seconds "details"
+printf '  %-9s %-22s %8s  %s\n' scenario status seconds "details"
 for s in "${scenarios[@]}"; do
-  printf '  %-7s %-22s %8s  %s\n' "$s" "${status[$s]}" "${seconds[$s]}" "${results[$s]}"
+  printf '  %-9s %-22s %8s  %s\n' "$s" "${status[$s]}" "${seconds[$s]}" "${results[$s]}"
 done
 passed=$((${#scenarios[@]} - failed))
 echo "e2e: $passed passed, $failed failed"

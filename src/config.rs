@@ -49,6 +49,7 @@ pub struct Config {
     pub windows: BTreeMap<String, u64>,
     pub compaction: CompactionConfig,
     pub summarizer: SummarizerConfig,
+    pub responses: ResponsesConfig,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -92,6 +93,28 @@ pub struct SummarizerConfig {
     pub window: u64,
 }
 
+/// The Responses API (`/v1/responses`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct ResponsesConfig {
+    pub server_compaction: ServerCompaction,
+    pub compaction_secret_env: String,
+}
+
+/// Who answers the compaction a Responses client asks for (`POST /v1/responses/compact`, an
+/// `input` ending in `compaction_trigger`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum ServerCompaction {
+    /// The provider when it is OpenAI's own API (which offers it), Compactor otherwise.
+    #[default]
+    Auto,
+    /// Always the provider: such requests and `compaction` items pass through.
+    Passthrough,
+    /// Always Compactor, from its own checkpoints.
+    Emulate,
+}
+
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -117,6 +140,7 @@ impl Default for Config {
             gateway_keys_env: String::new(),
             compaction: CompactionConfig::default(),
             summarizer: SummarizerConfig::default(),
+            responses: ResponsesConfig::default(),
         }
     }
 }
@@ -311,6 +335,24 @@ impl Config {
     /// The key named by `summarizer.api_key_env`, read from the process environment.
     pub fn summarizer_key(&self) -> Option<String> {
         read_key(&self.summarizer.api_key_env)
+    }
+
+    /// The secret named by `responses.compaction_secret_env`, read from the process environment.
+    pub fn compaction_secret(&self) -> Option<String> {
+        read_key(&self.responses.compaction_secret_env)
+    }
+
+    /// Whether Compactor answers client-requested Responses compaction itself: always, never,
+    /// or (`auto`) unless the upstream is OpenAI's own API.
+    pub fn emulates_responses_compaction(&self) -> bool {
+        match self.responses.server_compaction {
+            ServerCompaction::Emulate => true,
+            ServerCompaction::Passthrough => false,
+            ServerCompaction::Auto => reqwest::Url::parse(&self.upstream)
+                .ok()
+                .and_then(|u| u.host_str().map(|h| h != "api.openai.com"))
+                .unwrap_or(true),
+        }
     }
 }
 

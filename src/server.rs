@@ -18,9 +18,12 @@ use tower::ServiceExt;
 
 use crate::compaction::Engine;
 use crate::config::{redact_url, Config};
+use crate::dialect::responses::sealed::Sealer;
 use crate::dialect::{anthropic::Messages, chat::Chat, responses::Responses, Dialect};
+use crate::http::client_compaction::ClientCompaction;
 use crate::http::gateway_keys::GatewayKeys;
 use crate::http::limits::{ConnectionLimits, Limits};
+use crate::http::parse_error_bodies::{Answered, ParseErrorBodies};
 use crate::http::{router, App};
 use crate::measure::{windows::WindowTable, Meter};
 use crate::metrics::Metrics;
@@ -122,6 +125,13 @@ pub fn build_with_store(
         calibrate_streams: config.compaction.calibrate_streams,
         admin_token: Some(config.admin_token.clone()).filter(|t| !t.is_empty()),
         gateway_keys,
+        client_compaction: ClientCompaction {
+            emulate: config.emulates_responses_compaction(),
+            sealer: match config.compaction_secret() {
+                Some(secret) => Sealer::new(secret.as_bytes()),
+                None => Sealer::random(),
+            },
+        },
     }))
 }
 
@@ -129,7 +139,8 @@ pub fn build_with_store(
 ///
 /// The accept loop is written out (rather than `axum::serve`) for the connection limits: at
 /// most `max_connections` open at once, and a connection that has not completed a request's
-/// headers within `header_read_timeout` is closed, however slowly it trickles them.
+/// headers within `header_read_timeout` is closed, however slowly it trickles them. Each socket
+/// is wrapped so that the answers hyper makes itself for unparsable requests carry an error body.
 pub async fn serve(
     listener: TcpListener,
     app: Arc<App>,
@@ -174,15 +185,23 @@ pub async fn serve(
         let (started_tx, started_rx) = tokio::sync::oneshot::channel::<()>();
         let started = std::sync::Mutex::new(Some(started_tx));
         let router = router.clone();
+        let answered = Answered::default();
+        let io = ParseErrorBodies::new(stream, answered.clone());
         let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
             let first = started.lock().ok().and_then(|mut s| s.take());
             if let Some(tx) = first {
                 let _ = tx.send(());
             }
-            router.clone().oneshot(request.map(axum::body::Body::new))
+            let answered = answered.clone();
+            let response = router.clone().oneshot(request.map(axum::body::Body::new));
+            async move {
+                let response = response.await;
+                answered.one_more();
+                response
+            }
         });
         let connection = builder
-            .serve_connection_with_upgrades(TokioIo::new(stream), service)
+            .serve_connection_with_upgrades(TokioIo::new(io), service)
             .into_owned();
         let connection = graceful.watch(connection);
         let header_read_timeout = limits.header_read_timeout;

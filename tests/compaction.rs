@@ -6,7 +6,7 @@ mod common;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use common::{client, config, start_mock, start_proxy, Mock, OverflowStyle, Proxy};
+use common::{config, start_mock, start_proxy, Mock, OverflowStyle, Proxy, Reply};
 use serde_json::{json, Value};
 
 const SYSTEM: &str = "You are a coding agent. Use the tools to read and edit files.";
@@ -84,39 +84,14 @@ impl Session {
     }
 }
 
-struct Reply {
-    status: u16,
-    headers: reqwest::header::HeaderMap,
-    body: String,
-}
-
-impl Reply {
-    fn header(&self, name: &str) -> Option<String> {
-        self.headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string)
-    }
-}
-
 async fn send(proxy: &Proxy, body: &Value, auth: &str, extra: &[(&str, &str)]) -> Reply {
-    let mut req = client()
-        .post(format!("{}/v1/chat/completions", proxy.url()))
-        .header("authorization", auth)
-        .header("content-type", "application/json")
-        .body(body.to_string());
-    for (k, v) in extra {
-        req = req.header(*k, *v);
-    }
-    let resp = req.send().await.unwrap();
-    let status = resp.status().as_u16();
-    let headers = resp.headers().clone();
-    let body = resp.text().await.unwrap();
-    Reply {
-        status,
-        headers,
-        body,
-    }
+    let mut headers = vec![
+        ("authorization", auth),
+        ("content-type", "application/json"),
+    ];
+    headers.extend_from_slice(extra);
+    let url = format!("{}/v1/chat/completions", proxy.url());
+    common::post(&url, &headers, body.to_string()).await
 }
 
 fn windowed(mock: &Mock, model: &str, window: u64) -> compactor::config::Config {
@@ -234,7 +209,7 @@ async fn overflow_from_a_smaller_real_window_is_retried_once() {
             session.user(99);
             let r = send(&proxy, &session.body(stream), "Bearer k", &[]).await;
             assert_eq!(r.status, 200, "{style:?} stream={stream}: {}", r.body);
-            assert_eq!(r.header("x-compactor-compacted").as_deref(), Some("true"));
+            assert_eq!(r.header("x-compactor-compacted"), Some("true"));
             assert_eq!(
                 mock.state.overflows.load(Ordering::SeqCst),
                 1,
@@ -249,10 +224,7 @@ async fn overflow_from_a_smaller_real_window_is_retried_once() {
             session.user(100);
             let r = send(&proxy, &session.body(false), "Bearer k", &[]).await;
             assert_eq!(r.status, 200);
-            assert_eq!(
-                r.header("x-compactor-context-window").as_deref(),
-                Some("3000")
-            );
+            assert_eq!(r.header("x-compactor-context-window"), Some("3000"));
             assert_eq!(mock.state.overflows.load(Ordering::SeqCst), 1);
         }
     }
@@ -285,7 +257,9 @@ async fn checkpoints_survive_a_restart() {
         let r = send(&proxy, &session.body(false), "Bearer k", &[]).await;
         assert_eq!(r.status, 200);
         proxy.stop();
-        r.header("x-compactor-checkpoint").expect("compacted")
+        r.header("x-compactor-checkpoint")
+            .expect("compacted")
+            .to_string()
     };
     assert_eq!(mock.summaries().len(), 1);
     let proxy = start_proxy(cfg).await;
@@ -293,7 +267,7 @@ async fn checkpoints_survive_a_restart() {
     session.user(50);
     let r = send(&proxy, &session.body(false), "Bearer k", &[]).await;
     assert_eq!(r.status, 200);
-    assert_eq!(r.header("x-compactor-checkpoint"), Some(first_id));
+    assert_eq!(r.header("x-compactor-checkpoint"), Some(first_id.as_str()));
     assert_eq!(
         mock.summaries().len(),
         1,
@@ -316,7 +290,7 @@ async fn tenants_never_share_checkpoints() {
     assert_ne!(ida, idb);
     assert_eq!(mock.summaries().len(), 2, "each tenant got its own summary");
     let url = |id: &str| format!("{}/compactor/v1/checkpoints/{id}", proxy.url());
-    let cp = common::checkpoint(&proxy, &ida, "Bearer alice").await;
+    let cp = common::checkpoint(&proxy, ida, "Bearer alice").await;
     assert!(cp["summary"].as_str().unwrap().contains("SUMMARY-"));
     assert!(cp["files_modified"]
         .as_array()
@@ -327,7 +301,7 @@ async fn tenants_never_share_checkpoints() {
         cp["covered"].as_u64().unwrap() > 0
             && cp["tokens_before"].as_u64() > cp["tokens_after"].as_u64()
     );
-    assert_eq!(common::get(&url(&ida), Some("Bearer bob")).await.0, 404);
+    assert_eq!(common::get(&url(ida), Some("Bearer bob")).await.0, 404);
 }
 
 #[tokio::test]
@@ -339,21 +313,7 @@ async fn concurrent_requests_of_one_conversation_share_one_summary() {
     let body = session.body(false);
     let replies =
         futures::future::join_all((0..10).map(|_| send(&proxy, &body, "Bearer k", &[]))).await;
-    let heads: Vec<_> = replies
-        .iter()
-        .map(|r| {
-            (
-                r.header("x-compactor-compacted"),
-                r.header("x-compactor-checkpoint"),
-            )
-        })
-        .collect();
-    common::assert_one_shared_checkpoint(
-        replies
-            .iter()
-            .zip(&heads)
-            .map(|(r, (c, id))| (r.status, c.as_deref(), id.as_deref())),
-    );
+    common::assert_one_shared_checkpoint(&replies);
     assert_eq!(mock.summaries().len(), 1);
 }
 
@@ -407,7 +367,7 @@ async fn a_request_that_fits_passes_untouched_and_force_compacts() {
     let session = big_session(6);
     let body = session.body(false);
     let r = send(&proxy, &body, "Bearer k", &[]).await;
-    assert_eq!(r.header("x-compactor-compacted").as_deref(), Some("false"));
+    assert_eq!(r.header("x-compactor-compacted"), Some("false"));
     assert_eq!(mock.chats()[0].json(), body, "forwarded unchanged");
     let r = send(
         &proxy,
@@ -419,14 +379,14 @@ async fn a_request_that_fits_passes_untouched_and_force_compacts() {
         ],
     )
     .await;
-    assert_eq!(r.header("x-compactor-compacted").as_deref(), Some("true"));
+    assert_eq!(r.header("x-compactor-compacted"), Some("true"));
     let summary = mock.summaries()[0].json();
     assert!(summary["messages"][1]["content"]
         .as_str()
         .unwrap()
         .contains("Mention the parser."));
     let r = send(&proxy, &body, "Bearer k", &[("x-compactor-mode", "off")]).await;
-    assert_eq!(r.header("x-compactor-compacted").as_deref(), Some("false"));
+    assert_eq!(r.header("x-compactor-compacted"), Some("false"));
 }
 
 #[tokio::test]
@@ -471,7 +431,7 @@ async fn real_conversations_fit_a_32k_window() {
         let sent = mock.chats().last().unwrap().json();
         assert!(common::mock_tokens(&sent) <= 32_768);
         let id = r.header("x-compactor-checkpoint").expect("compacted");
-        let cp = common::checkpoint(&proxy, &id, "Bearer k").await;
+        let cp = common::checkpoint(&proxy, id, "Bearer k").await;
         let covered = cp["covered"].as_u64().unwrap() as usize;
         let pinned = cp["pinned_user"].as_u64().map(|p| p as usize);
         let modified: Vec<&str> = cp["files_modified"]

@@ -621,3 +621,56 @@ async fn a_fold_cut_short_keeps_its_progress_for_the_next_request() {
     }
     assert!(attempts >= 2, "one request could not have folded it all");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_whole_compaction_covers_everything_extends_the_last_checkpoint_and_is_reused() {
+    let setup = setup(
+        Behaviour::Answer {
+            delay: Duration::from_secs(2),
+        },
+        |_, _| {},
+    );
+    // Past the window: an ordinary compaction keeps the newest turns verbatim.
+    let messages = session(40);
+    let prepared = prepare(&setup, &messages).await;
+    assert!(prepared.outcome.compacted);
+    let kept = sent_messages(&prepared).len();
+    assert!(kept > 3, "the newest turns stay verbatim: {kept}");
+    let ordinary = prepared.outcome.checkpoint_id.unwrap();
+
+    // The client asks for a compaction of all of it.
+    let whole = setup
+        .engine
+        .compact_whole(&context(), &request(&messages))
+        .await
+        .unwrap();
+    assert_eq!(whole.covered, messages.len(), "nothing left verbatim");
+    assert_ne!(whole.id, ordinary);
+    assert_eq!(setup.summarizer.calls(), 2);
+    let prompt = setup.summarizer.prompts.lock().unwrap()[1].clone();
+    assert!(
+        prompt.contains("what next?"),
+        "the last message is summarized"
+    );
+    assert!(
+        !prompt.contains("turn 0:"),
+        "the span already summarized is not read again"
+    );
+
+    // Asked again for the same input: the same checkpoint, no new summary.
+    let again = setup
+        .engine
+        .compact_whole(&context(), &request(&messages))
+        .await
+        .unwrap();
+    assert_eq!(again.id, whole.id);
+    assert_eq!(setup.summarizer.calls(), 2);
+
+    // Nothing but instructions: nothing to compact.
+    let only_system = &messages[..1];
+    assert!(setup
+        .engine
+        .compact_whole(&context(), &request(only_system))
+        .await
+        .is_err());
+}

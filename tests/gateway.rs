@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::redis_cluster::RedisCluster;
 use common::redis_server::RedisServer;
-use common::{client, config, start_mock, start_proxy, Mock, Proxy};
+use common::{client, config, eventually, start_mock, start_proxy, Mock, Proxy, Reply};
 use serde_json::{json, Value};
 
 fn conversation(topic: &str, turns: usize) -> Value {
@@ -83,31 +83,14 @@ async fn gateway(mock: &Mock, redis: &SharedRedis) -> (Proxy, Proxy) {
     (start_proxy(cfg.clone()).await, start_proxy(cfg).await)
 }
 
-struct Reply {
-    status: u16,
-    headers: reqwest::header::HeaderMap,
-}
-
-impl Reply {
-    fn header(&self, name: &str) -> Option<String> {
-        self.headers
-            .get(name)
-            .map(|v| v.to_str().unwrap().to_string())
-    }
-}
-
 async fn send(proxy: &Proxy, body: &Value) -> Reply {
-    let resp = client()
-        .post(format!("{}/v1/chat/completions", proxy.url()))
-        .header("authorization", "Bearer team-key")
-        .body(body.to_string())
-        .send()
-        .await
-        .unwrap();
-    let status = resp.status().as_u16();
-    let headers = resp.headers().clone();
-    resp.bytes().await.unwrap();
-    Reply { status, headers }
+    let url = format!("{}/v1/chat/completions", proxy.url());
+    common::post(
+        &url,
+        &[("authorization", "Bearer team-key")],
+        body.to_string(),
+    )
+    .await
 }
 
 fn with_turn(body: &Value, text: &str) -> Value {
@@ -131,7 +114,7 @@ async fn a_checkpoint_made_by_one_replica_is_applied_by_the_other(redis: SharedR
     assert_eq!(mock.summaries().len(), 1);
     let second = send(&b, &with_turn(&body, "and then?")).await;
     assert_eq!(second.status, 200);
-    assert_eq!(second.header("x-compactor-checkpoint"), Some(id.clone()));
+    assert_eq!(second.header("x-compactor-checkpoint"), Some(id));
     assert_eq!(
         mock.summaries().len(),
         1,
@@ -159,30 +142,8 @@ async fn twenty_concurrent_requests_across_replicas_make_one_summary(redis: Shar
         send(proxy, &body)
     }))
     .await;
-    let heads: Vec<_> = replies
-        .iter()
-        .map(|r| {
-            (
-                r.header("x-compactor-compacted"),
-                r.header("x-compactor-checkpoint"),
-            )
-        })
-        .collect();
-    common::assert_one_shared_checkpoint(
-        replies
-            .iter()
-            .zip(&heads)
-            .map(|(r, (c, id))| (r.status, c.as_deref(), id.as_deref())),
-    );
+    common::assert_one_shared_checkpoint(&replies);
     assert_eq!(mock.summaries().len(), 1);
-}
-
-async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !check().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 on_single_and_cluster!(requests_survive_a_redis_outage_and_sharing_resumes);
@@ -203,11 +164,11 @@ async fn requests_survive_a_redis_outage_and_sharing_resumes(mut redis: SharedRe
         let r = send(proxy, &conversation(topic, 14)).await;
         assert_eq!(r.status, 200, "served while Redis is down");
         assert_eq!(
-            r.header("x-compactor-compacted").as_deref(),
+            r.header("x-compactor-compacted"),
             Some("true"),
             "compaction still works"
         );
-        assert_eq!(r.header("x-compactor-store").as_deref(), Some("degraded"));
+        assert_eq!(r.header("x-compactor-store"), Some("degraded"));
         assert!(started.elapsed() < Duration::from_secs(5));
     }
     let ready = common::get_json(&format!("{}/readyz", a.url()), None).await;
@@ -340,7 +301,7 @@ async fn a_summary_prepared_ahead_of_time_on_one_replica_serves_the_other(redis:
     let mut turns = 1;
     while mock.summaries().is_empty() {
         let r = send(&a, &conversation("aot", turns)).await;
-        assert_eq!(r.header("x-compactor-compacted").as_deref(), Some("false"));
+        assert_eq!(r.header("x-compactor-compacted"), Some("false"));
         turns += 1;
         assert!(turns < 30, "never passed the soft threshold");
     }
@@ -353,7 +314,7 @@ async fn a_summary_prepared_ahead_of_time_on_one_replica_serves_the_other(redis:
     }
     let r = send(&b, &body).await;
     assert_eq!(r.status, 200);
-    assert_eq!(r.header("x-compactor-compacted").as_deref(), Some("true"));
+    assert_eq!(r.header("x-compactor-compacted"), Some("true"));
     common::assert_at_most_one_update(&mock);
     assert_eq!(mock.state.overflows.load(Ordering::SeqCst), 0);
 }

@@ -13,7 +13,7 @@ use axum::Router;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use common::{client, config, start_mock, start_proxy};
+use common::{client, compactor_command, config, start_mock, start_proxy};
 
 /// Sends `head` (a request line and headers, without the blank line) on a fresh connection and
 /// returns everything the proxy answers before it closes (or goes quiet for five seconds).
@@ -161,17 +161,6 @@ async fn upstream_redirects_are_passed_back_not_followed() {
 // ---------------------------------------------------------------------------------------------
 // Secrets and log injection
 // ---------------------------------------------------------------------------------------------
-
-/// The binary, with no `COMPACTOR_…` variable of the test's environment.
-fn compactor_command() -> std::process::Command {
-    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_compactor"));
-    for (name, _) in std::env::vars() {
-        if name.starts_with("COMPACTOR_") {
-            command.env_remove(name);
-        }
-    }
-    command
-}
 
 /// A `compactor serve` process whose log (stderr) is collected as it runs.
 struct Served {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use common::{client, config, start_mock, start_proxy, Proxy};
+use common::{config, start_mock, start_proxy, Proxy, Reply};
 
 /// A conversation of about `words` tokens (by the mock's count) in `turns` turns.
 fn conversation(model: &str, turns: usize, words: usize) -> Value {
@@ -25,32 +25,21 @@ fn conversation(model: &str, turns: usize, words: usize) -> Value {
     json!({"model": model, "messages": messages})
 }
 
-struct Reply {
-    status: u16,
-    window: Option<u64>,
-    body: String,
+async fn send(proxy: &Proxy, body: &Value, auth: &str, mode: &str) -> Reply {
+    let headers = [
+        ("authorization", auth),
+        ("x-compactor-mode", mode),
+        ("content-type", "application/json"),
+    ];
+    let url = format!("{}/v1/chat/completions", proxy.url());
+    common::post(&url, &headers, body.to_string()).await
 }
 
-async fn send(proxy: &Proxy, body: &Value, auth: &str, mode: &str) -> Reply {
-    let response = client()
-        .post(format!("{}/v1/chat/completions", proxy.url()))
-        .header("authorization", auth)
-        .header("x-compactor-mode", mode)
-        .header("content-type", "application/json")
-        .body(body.to_string())
-        .send()
-        .await
-        .unwrap();
-    let window = response
-        .headers()
-        .get("x-compactor-context-window")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse().ok());
-    Reply {
-        status: response.status().as_u16(),
-        window,
-        body: response.text().await.unwrap(),
-    }
+/// The window the proxy says it used for a reply.
+fn window(reply: &Reply) -> Option<u64> {
+    reply
+        .header("x-compactor-context-window")
+        .and_then(|v| v.parse().ok())
 }
 
 /// Waits until the proxy believes `window` for `model` (usage is read after the body streams).
@@ -87,7 +76,7 @@ async fn an_overflow_message_quoted_back_from_the_clients_input_teaches_nothing(
     let normal = conversation("victim-model", 4, 400);
     let r = send(&proxy, &normal, "Bearer victim", "auto").await;
     assert_eq!(r.status, 200, "{}", r.body);
-    assert_eq!(r.window, Some(100_000));
+    assert_eq!(window(&r), Some(100_000));
     assert_eq!(
         mock.chats().last().unwrap().json()["messages"],
         normal["messages"]
@@ -97,7 +86,7 @@ async fn an_overflow_message_quoted_back_from_the_clients_input_teaches_nothing(
     // Nor after a restart on the same store.
     let proxy = start_proxy(cfg).await;
     let r = send(&proxy, &normal, "Bearer victim", "auto").await;
-    assert_eq!((r.status, r.window), (200, Some(100_000)), "{}", r.body);
+    assert_eq!((r.status, window(&r)), (200, Some(100_000)), "{}", r.body);
 }
 
 #[tokio::test]
@@ -153,7 +142,7 @@ async fn a_genuine_overflow_teaches_and_a_larger_accepted_prompt_raises_it_again
     assert_eq!(r.status, 200, "{}", r.body);
     until_window(&proxy, "agent-model", 100_000).await;
     let r = send(&proxy, &big, "Bearer other", "auto").await;
-    assert_eq!((r.status, r.window), (200, Some(100_000)));
+    assert_eq!((r.status, window(&r)), (200, Some(100_000)));
 }
 
 #[tokio::test]

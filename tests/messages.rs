@@ -5,7 +5,7 @@
 mod common;
 
 use common::messages_mock::{self, MessagesMock, Overflow, Received};
-use common::{client, start_proxy, Proxy};
+use common::{start_proxy, Proxy, Reply};
 use serde_json::{json, Value};
 
 const MODEL: &str = "qwen2.5-coder-0.5b";
@@ -22,35 +22,13 @@ async fn proxy_for(mock: &MessagesMock, window: u64) -> Proxy {
     start_proxy(config).await
 }
 
-struct Reply {
-    status: u16,
-    headers: reqwest::header::HeaderMap,
-    body: String,
-}
-
-impl Reply {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).and_then(|v| v.to_str().ok())
-    }
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.body).unwrap_or(Value::Null)
-    }
-}
-
 async fn post(proxy: &Proxy, path: &str, headers: &[(&str, &str)], body: String) -> Reply {
-    let mut request = client()
-        .post(format!("{}{path}", proxy.url()))
-        .header("x-api-key", "sk-test")
-        .header("content-type", "application/json");
-    for (name, value) in headers {
-        request = request.header(*name, *value);
-    }
-    let response = request.body(body).send().await.unwrap();
-    Reply {
-        status: response.status().as_u16(),
-        headers: response.headers().clone(),
-        body: response.text().await.unwrap(),
-    }
+    let mut all = vec![
+        ("x-api-key", "sk-test"),
+        ("content-type", "application/json"),
+    ];
+    all.extend_from_slice(headers);
+    common::post(&format!("{}{path}", proxy.url()), &all, body).await
 }
 
 /// The fixture's requests: path, headers and body, in order.

@@ -4,14 +4,12 @@
 
 mod common;
 
-use std::time::Duration;
-
 use compactor::store::now_ms;
 use redis::AsyncCommands;
 use serde_json::{json, Value};
 
 use common::redis_server::RedisServer;
-use common::{client, config, start_mock, start_proxy, Mock, Proxy};
+use common::{client, config, eventually, start_mock, start_proxy, Mock, Proxy};
 
 const TTL_SECS: u64 = 3600;
 
@@ -65,20 +63,6 @@ async fn proxy_on(mock: &Mock, store: String) -> Proxy {
     start_proxy(cfg).await
 }
 
-/// Polls `read` until it returns something non-empty (facts are saved in the background).
-async fn eventually<T: Default + PartialEq, F: std::future::Future<Output = T>>(
-    mut read: impl FnMut() -> F,
-) -> T {
-    for _ in 0..100 {
-        let value = read().await;
-        if value != T::default() {
-            return value;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    read().await
-}
-
 fn assert_expires_after_the_ttl(expires_ms: u64) {
     let expected = now_ms() + TTL_SECS * 1000;
     assert!(
@@ -94,18 +78,18 @@ async fn failing_model_names_leave_no_rows_in_sqlite_and_served_ones_lapse() {
     let path = dir.path().join("c.sqlite3");
     let proxy = proxy_on(&mock, path.display().to_string()).await;
     fail_then_serve(&proxy).await;
-    let rows = eventually(|| {
-        let path = path.clone();
-        async move {
-            let db = rusqlite::Connection::open(&path).unwrap();
-            let mut stmt = db
-                .prepare("SELECT model, expires_ms FROM model_facts")
-                .unwrap();
-            stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))
-                .unwrap()
-                .collect::<Result<Vec<_>, _>>()
-                .unwrap()
-        }
+    let mut rows = Vec::new();
+    eventually("the served model's facts to be saved", async || {
+        let db = rusqlite::Connection::open(&path).unwrap();
+        let mut stmt = db
+            .prepare("SELECT model, expires_ms FROM model_facts")
+            .unwrap();
+        rows = stmt
+            .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))
+            .unwrap()
+            .collect::<Result<Vec<(String, i64)>, _>>()
+            .unwrap();
+        !rows.is_empty()
     })
     .await;
     assert_eq!(rows.len(), 1, "{rows:?}");
@@ -124,9 +108,10 @@ async fn failing_model_names_leave_no_keys_in_redis_and_served_ones_expire() {
         .get_multiplexed_async_connection()
         .await
         .unwrap();
-    let keys: Vec<String> = eventually(|| {
-        let mut conn = conn.clone();
-        async move { conn.keys("compactor:model:*").await.unwrap() }
+    let mut keys: Vec<String> = Vec::new();
+    eventually("the served model's facts to be saved", async || {
+        keys = conn.keys("compactor:model:*").await.unwrap();
+        !keys.is_empty()
     })
     .await;
     assert_eq!(keys, vec!["compactor:model:served-model".to_string()]);

@@ -214,18 +214,24 @@ async fn a_passed_through_upload_keeps_its_content_length() {
     assert!(received.headers.get("transfer-encoding").is_none());
 }
 
-#[tokio::test]
-async fn an_upstream_that_accepts_and_closes_is_not_called_unreachable() {
-    // Accepts, reads the request, closes without answering.
+/// A provider that reads each request, writes `answer` (raw bytes) and closes.
+async fn raw_upstream(answer: &'static [u8]) -> std::net::SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
         while let Ok((mut socket, _)) = listener.accept().await {
             let mut buf = [0u8; 4096];
             let _ = socket.read(&mut buf).await;
+            let _ = socket.write_all(answer).await;
             let _ = socket.shutdown().await;
         }
     });
+    addr
+}
+
+#[tokio::test]
+async fn an_upstream_that_accepts_and_closes_is_not_called_unreachable() {
+    let addr = raw_upstream(b"").await;
     let proxy = start_proxy(config(&format!("http://{addr}/v1"))).await;
     let response = client()
         .post(format!("{}/v1/chat/completions", proxy.url()))
@@ -302,4 +308,145 @@ async fn the_largest_max_tokens_does_not_wrap_the_budget() {
         assert_eq!(status, 400, "{field}: {text}");
         assert_eq!(error_code(status, &text), "context_length_exceeded");
     }
+}
+
+/// Writes `requests` on one fresh connection and reads until the proxy closes it (or goes quiet
+/// for five seconds); returns the answers, split into (status, body) after each head.
+async fn raw_exchange(addr: std::net::SocketAddr, requests: &[u8]) -> Vec<(u16, String)> {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    // The proxy may answer and close before it has read everything; that is not a failure.
+    let _ = stream.write_all(requests).await;
+    let mut out = Vec::new();
+    let mut buf = [0u8; 8192];
+    while let Ok(Ok(n)) = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf)).await
+    {
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(&buf[..n]);
+    }
+    split_answers(&String::from_utf8_lossy(&out))
+}
+
+/// Splits a stream of HTTP/1.1 answers with `content-length` framing into (status, body).
+fn split_answers(mut text: &str) -> Vec<(u16, String)> {
+    let mut answers = Vec::new();
+    while let Some(end) = text.find("\r\n\r\n") {
+        let head = &text[..end];
+        let status = head
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("no status line in {head:?}"));
+        let length = head
+            .lines()
+            .find_map(|l| {
+                let (name, value) = l.split_once(':')?;
+                name.eq_ignore_ascii_case("content-length")
+                    .then(|| value.trim().parse::<usize>().ok())?
+            })
+            .unwrap_or_else(|| panic!("no content-length in {head:?}"));
+        let rest = &text[end + 4..];
+        answers.push((status, rest[..length.min(rest.len())].to_string()));
+        text = &rest[length.min(rest.len())..];
+    }
+    answers
+}
+
+/// A request the proxy serves itself, so that the next one on the connection is a second.
+const HEALTH: &str = "GET /healthz HTTP/1.1\r\nhost: proxy\r\n\r\n";
+
+#[tokio::test]
+async fn request_headers_too_large_get_431_with_an_error_body() {
+    let mock = start_mock().await;
+    let proxy = start_proxy(config(&mock.url())).await;
+    let long = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: proxy\r\nx-long: {}\r\ncontent-length: 2\r\n\r\n{{}}",
+        "a".repeat(600_000)
+    );
+    let many = format!(
+        "POST /v1/messages HTTP/1.1\r\nhost: proxy\r\n{}content-length: 2\r\n\r\n{{}}",
+        (0..200)
+            .map(|i| format!("x-h{i}: v\r\n"))
+            .collect::<String>()
+    );
+    for (what, request) in [
+        ("one long header", long.clone()),
+        ("too many headers", many),
+        ("after a served request", format!("{HEALTH}{long}")),
+    ] {
+        let answers = raw_exchange(proxy.addr, request.as_bytes()).await;
+        let (status, body) = answers
+            .last()
+            .unwrap_or_else(|| panic!("{what}: no answer"));
+        assert_eq!(*status, 431, "{what}: {body}");
+        assert_eq!(
+            error_code(*status, body),
+            "request_header_fields_too_large",
+            "{what}"
+        );
+        // Anthropic's SDK reads the same body: `type` at the top, `error.type` and `message`.
+        let value: Value = serde_json::from_str(body).unwrap();
+        assert_eq!(value["type"], "error", "{what}: {body}");
+    }
+    assert!(mock.chats().is_empty());
+}
+
+#[tokio::test]
+async fn badly_framed_requests_get_400_with_an_error_body() {
+    let mock = start_mock().await;
+    let proxy = start_proxy(config(&mock.url())).await;
+    let chat = |framing: &str| {
+        format!("POST /v1/chat/completions HTTP/1.1\r\nhost: proxy\r\n{framing}\r\n\r\n{{}}")
+    };
+    for (what, request) in [
+        (
+            "a malformed request line",
+            "GET\u{7f} / HTTP/1.1\r\nhost: proxy\r\n\r\n".to_string(),
+        ),
+        (
+            "no version",
+            "GET /healthz\r\nhost: proxy\r\n\r\n".to_string(),
+        ),
+        (
+            "a header without a colon",
+            "GET /healthz HTTP/1.1\r\nhost proxy\r\n\r\n".to_string(),
+        ),
+        ("an invalid content-length", chat("content-length: two")),
+        (
+            "conflicting content-lengths",
+            chat("content-length: 2\r\ncontent-length: 3"),
+        ),
+        (
+            "a transfer-encoding that does not end in chunked",
+            chat("transfer-encoding: chunked, gzip"),
+        ),
+        (
+            "an invalid content-length after a served request",
+            format!("{HEALTH}{}", chat("content-length: two")),
+        ),
+    ] {
+        let answers = raw_exchange(proxy.addr, request.as_bytes()).await;
+        let (status, body) = answers
+            .last()
+            .unwrap_or_else(|| panic!("{what}: no answer"));
+        assert_eq!(*status, 400, "{what}: {body}");
+        assert_eq!(error_code(*status, body), "malformed_request", "{what}");
+        if what.ends_with("after a served request") {
+            assert_eq!(answers.len(), 2, "{what}: {answers:?}");
+            assert_eq!(answers[0].0, 200, "{what}");
+        }
+    }
+    assert!(mock.chats().is_empty());
+}
+
+#[tokio::test]
+async fn a_provider_error_without_a_body_is_forwarded_unchanged() {
+    // A bare 400: the same head hyper writes for a request it cannot parse, once the proxy
+    // forwards it to a client that asked to close.
+    let addr = raw_upstream(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n").await;
+    let proxy = start_proxy(config(&format!("http://{addr}/v1"))).await;
+    let request = "GET /v1/models HTTP/1.1\r\nhost: proxy\r\nconnection: close\r\n\r\n";
+    let answers = raw_exchange(proxy.addr, request.as_bytes()).await;
+    assert_eq!(answers, vec![(400, String::new())]);
 }

@@ -12,7 +12,7 @@ use compactor::request::ChatRequest;
 use futures::StreamExt;
 use serde_json::{json, Value};
 
-use common::{client, config, mock_tokens, sse_chunks, start_mock, start_proxy};
+use common::{client, compactor_command, config, mock_tokens, sse_chunks, start_mock, start_proxy};
 
 async fn json_of(response: reqwest::Response) -> Value {
     let bytes = response.bytes().await.unwrap();
@@ -725,16 +725,6 @@ async fn shared_conversations_are_accepted_and_counted() {
 // ---------------------------------------------------------------------------------------------
 // The binary
 // ---------------------------------------------------------------------------------------------
-
-fn compactor_command() -> std::process::Command {
-    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_compactor"));
-    for (name, _) in std::env::vars() {
-        if name.starts_with("COMPACTOR_") {
-            command.env_remove(name);
-        }
-    }
-    command
-}
 
 #[test]
 fn check_config_prints_the_effective_config_with_secrets_redacted() {

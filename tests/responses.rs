@@ -1,12 +1,13 @@
 //! `/v1/responses` end to end against a mock Responses provider: Codex-style threads past the
 //! window, the three ways a provider says the window is full, the error a client sees when
-//! nothing helps, server-held state, bad input, and the recorded Codex sequences in
+//! nothing helps, server-held state, bad input, compaction the client asks for (answered with
+//! sealed items that expand when they come back), and the recorded Codex sequences in
 //! `tests/fixtures/codex/`.
 
 mod common;
 
 use common::responses_mock::{start_responses_mock, Overflow, ResponsesMock};
-use common::{client, config, start_proxy, Proxy};
+use common::{client, config, start_proxy, Proxy, Reply};
 use serde_json::{json, Value};
 
 const MODEL: &str = "mock-responses";
@@ -71,36 +72,14 @@ impl Thread {
     }
 }
 
-struct Reply {
-    status: u16,
-    headers: reqwest::header::HeaderMap,
-    text: String,
-}
-
-impl Reply {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).and_then(|v| v.to_str().ok())
-    }
-
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.text).unwrap_or(Value::Null)
-    }
-}
-
 async fn post(proxy: &Proxy, path: &str, key: &str, body: &Value) -> Reply {
-    let r = client()
-        .post(format!("{}/v1{path}", proxy.url()))
-        .header("authorization", key)
-        .header("content-type", "application/json")
-        .body(body.to_string())
-        .send()
-        .await
-        .unwrap();
-    Reply {
-        status: r.status().as_u16(),
-        headers: r.headers().clone(),
-        text: r.text().await.unwrap(),
-    }
+    let headers = [("authorization", key), ("content-type", "application/json")];
+    common::post(
+        &format!("{}/v1{path}", proxy.url()),
+        &headers,
+        body.to_string(),
+    )
+    .await
 }
 
 /// Indices where a unit of `items` may begin (the rules a provider enforces).
@@ -167,8 +146,8 @@ async fn a_thread_past_the_window_is_compacted_into_whole_units_with_a_stable_pr
     for t in 0..14 {
         thread.turn(t, 120);
         let reply = post(&proxy, "/responses", KEY, &thread.body(t % 2 == 1)).await;
-        assert_eq!(reply.status, 200, "{}", reply.text);
-        assert!(reply.text.contains("Hello there"));
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        assert!(reply.body.contains("Hello there"));
         if reply.header("x-compactor-compacted") == Some("true") {
             let sent = mock.turns().last().unwrap().json()["input"]
                 .as_array()
@@ -210,9 +189,9 @@ async fn overflow_is_compacted_and_retried(style: Overflow, stream: bool) {
         thread.turn(t, 100);
     }
     let reply = post(&proxy, "/responses", KEY, &thread.body(stream)).await;
-    assert_eq!(reply.status, 200, "{style:?}: {}", reply.text);
-    assert!(reply.text.contains("Hello there"), "{}", reply.text);
-    assert!(!reply.text.contains("response.failed"), "{}", reply.text);
+    assert_eq!(reply.status, 200, "{style:?}: {}", reply.body);
+    assert!(reply.body.contains("Hello there"), "{}", reply.body);
+    assert!(!reply.body.contains("response.failed"), "{}", reply.body);
     assert_eq!(reply.header("x-compactor-compacted"), Some("true"));
     assert_eq!(
         mock.state
@@ -252,9 +231,9 @@ async fn when_nothing_helps_the_client_sees_context_length_exceeded() {
         thread.turn(t, 100);
     }
     let reply = post(&proxy, "/responses", KEY, &thread.body(true)).await;
-    assert_eq!(reply.status, 400, "{}", reply.text);
+    assert_eq!(reply.status, 400, "{}", reply.body);
     let error = &reply.json()["error"];
-    assert_eq!(error["code"], "context_length_exceeded", "{}", reply.text);
+    assert_eq!(error["code"], "context_length_exceeded", "{}", reply.body);
     assert!(error["message"].as_str().unwrap().contains("context"));
 }
 
@@ -265,7 +244,7 @@ async fn server_held_state_is_forwarded_untouched() {
     let body =
         json!({"model": MODEL, "previous_response_id": "resp_1", "input": [user(&words(1, 3000))]});
     let reply = post(&proxy, "/responses", KEY, &body).await;
-    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert_eq!(reply.status, 200, "{}", reply.body);
     assert_eq!(
         reply.header("x-compactor-compaction"),
         Some("skipped; reason=server-state")
@@ -289,12 +268,12 @@ async fn bad_input_gets_a_400_in_the_openai_shape() {
     ];
     for body in cases {
         let reply = post(&proxy, "/responses", KEY, &body).await;
-        assert_eq!(reply.status, 400, "{body}: {}", reply.text);
+        assert_eq!(reply.status, 400, "{body}: {}", reply.body);
         let error = &reply.json()["error"];
         assert!(
             error["message"].as_str().is_some_and(|m| !m.is_empty()),
             "{body}: {}",
-            reply.text
+            reply.body
         );
         assert_eq!(error["type"], "invalid_request_error");
     }
@@ -315,7 +294,7 @@ async fn a_string_input_is_served() {
     let proxy = proxy_for(&mock, 3000).await;
     let body = json!({"model": MODEL, "input": "hello", "instructions": "be brief"});
     let reply = post(&proxy, "/responses", KEY, &body).await;
-    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert_eq!(reply.status, 200, "{}", reply.body);
     assert_eq!(mock.turns()[0].json(), body);
 }
 
@@ -331,7 +310,7 @@ async fn input_tokens_are_counted_on_the_body_as_it_would_be_sent() {
     assert_eq!(reply.header("x-compactor-compacted"), Some("true"));
     let sent = mock.turns().last().unwrap().json();
     let reply = post(&proxy, "/responses/input_tokens", KEY, &thread.body(false)).await;
-    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert_eq!(reply.status, 200, "{}", reply.body);
     let counted = mock.others().last().unwrap().json();
     assert_eq!(
         counted["input"], sent["input"],
@@ -354,7 +333,7 @@ fn fixture(name: &str) -> Vec<Value> {
 
 #[tokio::test]
 async fn recorded_codex_threads_replay_with_one_checkpoint_per_compaction() {
-    for name in ["exec-resume"] {
+    for name in ["exec-resume", "compaction"] {
         let mock = start_responses_mock().await;
         let mut c = config(&mock.url());
         // The recorded thread grows from about 900 to 1,950 tokens: past this window twice.
@@ -367,6 +346,7 @@ async fn recorded_codex_threads_replay_with_one_checkpoint_per_compaction() {
         let mut compacted: Vec<(String, Vec<Value>)> = Vec::new();
         // The stub's compaction item, recorded, stands for the one the proxy mints on replay.
         let mut minted: Option<Value> = None;
+        let mut minted_ids: Vec<String> = Vec::new();
         for mut request in fixture(name) {
             if let Some(item) = &minted {
                 for input in request["body"]["input"].as_array_mut().unwrap() {
@@ -406,7 +386,9 @@ async fn recorded_codex_threads_replay_with_one_checkpoint_per_compaction() {
                     e["type"] == "response.output_item.done" && e["item"]["type"] == "compaction"
                 })
             {
+                // Answered by the proxy itself: one checkpoint, and nothing sent upstream.
                 minted = Some(item["item"].clone());
+                minted_ids.push(checkpoint.expect("a trigger's answer names its checkpoint"));
                 continue;
             }
             if let Some(id) = checkpoint {
@@ -422,10 +404,16 @@ async fn recorded_codex_threads_replay_with_one_checkpoint_per_compaction() {
             "{name}: the thread was never compacted"
         );
         assert_eq!(
+            minted_ids.len(),
+            usize::from(name == "compaction"),
+            "{name}: the recorded trigger is answered by the proxy"
+        );
+        assert_eq!(
             mock.summaries().len(),
             compacted
                 .iter()
                 .map(|(id, _)| id)
+                .chain(&minted_ids)
                 .collect::<std::collections::BTreeSet<_>>()
                 .len(),
             "{name}: one summary per checkpoint"
@@ -442,4 +430,234 @@ async fn recorded_codex_threads_replay_with_one_checkpoint_per_compaction() {
             }
         }
     }
+}
+
+/// A thread of `turns` turns, past a 3,000-token window.
+fn long_thread(turns: usize) -> Thread {
+    let mut thread = Thread::new();
+    for t in 0..turns {
+        thread.turn(t, 120);
+    }
+    thread
+}
+
+fn with_trigger(thread: &Thread, stream: bool) -> Value {
+    let mut body = thread.body(stream);
+    body["input"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"type":"compaction_trigger"}));
+    body
+}
+
+/// The one `compaction` item of an output list.
+fn the_compaction_item(output: &Value) -> Value {
+    let items: Vec<&Value> = output
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| i["type"] == "compaction")
+        .collect();
+    assert_eq!(items.len(), 1, "{output}");
+    assert!(items[0]["encrypted_content"]
+        .as_str()
+        .is_some_and(|c| !c.is_empty()));
+    items[0].clone()
+}
+
+/// What Codex sends after a compaction: the head, the user messages, the item, a new turn.
+fn after_compaction(thread: &Thread, item: &Value) -> Value {
+    let mut input: Vec<Value> = vec![thread.items[0].clone()];
+    input.extend(thread.items.iter().filter(|i| i["role"] == "user").cloned());
+    input.push(item.clone());
+    input.push(user("and now?"));
+    json!({"model": MODEL, "stream": false, "store": false, "input": input})
+}
+
+#[tokio::test]
+async fn a_compaction_trigger_is_answered_with_one_sealed_item_that_later_expands() {
+    let mock = start_responses_mock().await;
+    let proxy = proxy_for(&mock, 3000).await;
+    let thread = long_thread(10);
+    let reply = post(&proxy, "/responses", KEY, &with_trigger(&thread, false)).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let item = the_compaction_item(&reply.json()["output"]);
+    let checkpoint_id = reply.header("x-compactor-checkpoint").unwrap().to_string();
+    assert!(
+        mock.turns().is_empty(),
+        "the provider never saw the trigger"
+    );
+    assert_eq!(mock.summaries().len(), 1);
+    // The checkpoint covers the whole thread: nothing of it is left verbatim.
+    let stored = common::checkpoint(&proxy, &checkpoint_id, KEY).await;
+    assert_eq!(stored["covered"], thread.items.len());
+    let summary_request = mock.summaries()[0].json().to_string();
+    assert!(
+        summary_request.contains("done 9"),
+        "the last turn is summarized too"
+    );
+
+    let reply = post(&proxy, "/responses", KEY, &after_compaction(&thread, &item)).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let sent = mock.turns().last().unwrap().json();
+    assert_eq!(
+        reply.header("x-compactor-checkpoint"),
+        Some(checkpoint_id.as_str()),
+        "the expanded item names its checkpoint"
+    );
+    let sent = sent["input"].as_array().unwrap();
+    assert!(sent.iter().all(|i| i["type"] != "compaction"), "{sent:?}");
+    let expanded = &sent[sent.len() - 2];
+    assert_eq!(expanded["role"], "user");
+    assert!(expanded["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .contains("SUMMARY-1"));
+    assert_eq!(sent.last().unwrap(), &user("and now?"));
+    assert_eq!(mock.summaries().len(), 1, "no second summary");
+}
+
+#[tokio::test]
+async fn a_streamed_compaction_trigger_gets_the_item_as_events() {
+    let mock = start_responses_mock().await;
+    let proxy = proxy_for(&mock, 3000).await;
+    let reply = post(
+        &proxy,
+        "/responses",
+        KEY,
+        &with_trigger(&long_thread(10), true),
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert!(reply
+        .header("content-type")
+        .is_some_and(|c| c.starts_with("text/event-stream")));
+    let events: Vec<Value> = reply
+        .body
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "response.created",
+            "response.output_item.added",
+            "response.output_item.done",
+            "response.completed"
+        ]
+    );
+    let done = &events[2]["item"];
+    assert_eq!(done["type"], "compaction");
+    assert_eq!(the_compaction_item(&events[3]["response"]["output"]), *done);
+}
+
+#[tokio::test]
+async fn even_a_short_thread_is_compacted_when_the_client_asks() {
+    let mock = start_responses_mock().await;
+    let proxy = proxy_for(&mock, 3000).await;
+    // Two short turns: a summary frees nothing here, but the client asked for one.
+    let mut thread = Thread::new();
+    thread.turn(0, 3);
+    let reply = post(&proxy, "/responses", KEY, &with_trigger(&thread, false)).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    the_compaction_item(&reply.json()["output"]);
+    // Only instructions before the trigger: nothing to compact, said clearly.
+    let empty = Thread::new();
+    let reply = post(&proxy, "/responses", KEY, &with_trigger(&empty, false)).await;
+    assert_eq!(reply.status, 400, "{}", reply.body);
+    assert_eq!(reply.json()["error"]["code"], "nothing_to_compact");
+}
+
+#[tokio::test]
+async fn the_compact_endpoint_answers_with_the_user_messages_and_one_item() {
+    let mock = start_responses_mock().await;
+    let proxy = proxy_for(&mock, 3000).await;
+    let thread = long_thread(10);
+    let body = json!({"model": MODEL, "input": thread.items});
+    let reply = post(&proxy, "/responses/compact", KEY, &body).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let answer = reply.json();
+    assert_eq!(answer["object"], "response.compaction");
+    let output = answer["output"].as_array().unwrap();
+    let users: Vec<&Value> = thread
+        .items
+        .iter()
+        .filter(|i| i["role"] == "user")
+        .collect();
+    assert_eq!(output.len(), users.len() + 1);
+    assert_eq!(output[..users.len()].iter().collect::<Vec<_>>(), users);
+    let item = the_compaction_item(&answer["output"]);
+    let reply = post(&proxy, "/responses", KEY, &after_compaction(&thread, &item)).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    // Counting through the item: the provider counts the summary, never the item.
+    let reply = post(
+        &proxy,
+        "/responses/input_tokens",
+        KEY,
+        &after_compaction(&thread, &item),
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let counted = mock.others().last().unwrap().json().to_string();
+    assert!(!counted.contains("\"type\":\"compaction\""), "{counted}");
+    assert!(counted.contains("SUMMARY-1"), "{counted}");
+}
+
+#[tokio::test]
+async fn a_forged_or_another_tenants_item_is_refused() {
+    let mock = start_responses_mock().await;
+    let proxy = proxy_for(&mock, 3000).await;
+    let thread = long_thread(10);
+    let reply = post(&proxy, "/responses", KEY, &with_trigger(&thread, false)).await;
+    let item = the_compaction_item(&reply.json()["output"]);
+    let content = item["encrypted_content"].as_str().unwrap().to_string();
+    let mut forged = item.clone();
+    let flipped = if content.ends_with('0') { "1" } else { "0" };
+    forged["encrypted_content"] = json!(format!("{}{flipped}", &content[..content.len() - 1]));
+    let mut other_checkpoint = item.clone();
+    let (_, mac) = content.rsplit_once('.').unwrap();
+    other_checkpoint["encrypted_content"] = json!(format!("cmpx1.0000.{mac}"));
+    let cases = [
+        (KEY, forged),
+        (KEY, other_checkpoint),
+        ("Bearer sk-mallory", item.clone()),
+    ];
+    for (key, item) in cases {
+        for path in [
+            "/responses",
+            "/responses/input_tokens",
+            "/responses/compact",
+        ] {
+            let reply = post(&proxy, path, key, &after_compaction(&thread, &item)).await;
+            assert_eq!(reply.status, 400, "{path} {key} {item}: {}", reply.body);
+            let error = &reply.json()["error"];
+            assert_eq!(error["type"], "invalid_request_error");
+            assert_eq!(error["code"], "invalid_compaction_item");
+            assert!(error["param"].as_str().unwrap().starts_with("input["));
+        }
+    }
+    assert!(
+        mock.turns().is_empty() && mock.others().is_empty(),
+        "no refused request reached the provider"
+    );
+    assert_eq!(mock.summaries().len(), 1, "only the first compaction");
+}
+
+#[tokio::test]
+async fn toward_a_provider_with_its_own_compaction_both_pass_through() {
+    let mock = start_responses_mock().await;
+    let mut c = config(&mock.url());
+    c.windows.insert(MODEL.into(), 100_000);
+    c.responses.server_compaction = compactor::config::ServerCompaction::Passthrough;
+    let proxy = start_proxy(c).await;
+    let body = with_trigger(&long_thread(3), false);
+    let reply = post(&proxy, "/responses", KEY, &body).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(mock.turns()[0].json(), body);
+    let body = json!({"model": MODEL, "input": long_thread(3).items});
+    post(&proxy, "/responses/compact", KEY, &body).await;
+    assert_eq!(mock.others().last().unwrap().json(), body);
+    assert!(mock.summaries().is_empty());
 }

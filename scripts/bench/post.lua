@@ -1,12 +1,19 @@
 -- wrk script: POST a fixed JSON body (read from the file named by BENCH_BODY_FILE, API key from
--- BENCH_KEY) and print a
--- one-line JSON summary at the end, for scripts/bench/run.py.
+-- BENCH_KEY) and print a one-line JSON summary at the end, for scripts/bench/run.py. With
+-- BENCH_DELAY_MS set, each connection waits that long after each answer (a fixed request rate).
 local f = assert(io.open(os.getenv("BENCH_BODY_FILE"), "rb"))
 wrk.method = "POST"
 wrk.body = f:read("*a")
 f:close()
 wrk.headers["Content-Type"] = "application/json"
 wrk.headers["Authorization"] = "Bearer " .. os.getenv("BENCH_KEY")
+
+local pause = tonumber(os.getenv("BENCH_DELAY_MS") or "")
+if pause then
+  function delay()
+    return pause
+  end
+end
 
 function done(summary, latency, requests)
   local e = summary.errors

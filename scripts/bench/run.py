@@ -188,8 +188,29 @@ def run_oha(oha, url, body_file, rate, seconds, conns, cpus):
             "errors": j.get("errorDistribution") or {}, "codes": codes}
 
 
-def run_wrk(url, body_file, seconds, conns, threads, cpus):
+def run_wrk_paced(url, body_file, rate, seconds, conns, cpus):
+    """The fixed-rate run without oha: wrk, each connection waiting conns/rate seconds after each
+    answer before its next request (post.lua's `delay`). A closed loop: a slow answer delays the
+    requests behind it instead of being charged for them as oha's latency correction does, so
+    its tail figures understate what oha would report."""
+    j = run_wrk(url, body_file, seconds, conns, 1, cpus, delay_ms=max(1, round(conns * 1000 / rate)))
+    total = j["requests"] + j["connect_errors"] + j["read_errors"] + j["write_errors"] + j["timeouts"]
+    ok = j["requests"] - j["status_errors"]
+    return {"rps": j["rps"], "success": ok / total if total else 0, "ok": ok, "total": total,
+            "p50": j["p50_us"] / 1e6, "p90": j["p90_us"] / 1e6, "p99": j["p99_us"] / 1e6,
+            "errors": j["errors"]}
+
+
+def run_fixed_rate(env, url, body_file, rate, seconds, conns):
+    if env.oha:
+        return run_oha(env.oha, url, body_file, rate, seconds, conns, env.load_cpus)
+    return run_wrk_paced(url, body_file, rate, seconds, conns, env.load_cpus)
+
+
+def run_wrk(url, body_file, seconds, conns, threads, cpus, delay_ms=None):
     env = dict(os.environ, BENCH_BODY_FILE=body_file, BENCH_KEY=clients.BENCH_KEY)
+    if delay_ms is not None:
+        env["BENCH_DELAY_MS"] = str(delay_ms)
     cmd = ["wrk", "-t", str(threads), "-c", str(conns), "-d", f"{seconds}s", "--timeout", "5s",
            "-s", os.path.join(HERE, "post.lua"), url]
     if cpus is not None:
@@ -475,9 +496,12 @@ class Compactor(System):
         env = dict(os.environ, COMPACTOR_LOG=os.environ.get("BENCH_COMPACTOR_LOG", "warn"))
         return Proc(f"compactor-{key}", cmd, cpus=e.server_cpus, env=env, log_dir=e.tmp)
 
+    def config_file(self):
+        return self.env.compactor_config
+
     def start(self):
         e = self.env
-        text = compactor_config_text(e.compactor_config, {"store": "memory", "log_format": "text"})
+        text = compactor_config_text(self.config_file(), {"store": "memory", "log_format": "text"})
         ups = {"main": f"http://127.0.0.1:{e.mock_port}/v1",
                "sse": f"http://127.0.0.1:{e.mock_port}/sse/v1",
                "slow": f"http://127.0.0.1:{e.slow_port}/slow-sse/v1"}
@@ -486,6 +510,35 @@ class Compactor(System):
         wait_http(self.json_url, self.small_body(), proc=inst["main"])
         wait_http(self.sse_url, self.small_body("sse"), proc=inst["sse"])
         wait_http(self.slow_url, self.small_body(), proc=inst["slow"])
+
+
+class BaselineCompactor(Compactor):
+    """Another build of Compactor (--baseline-compactor), measured beside the current one in the
+    same run: same config, same mocks, interleaved in every round."""
+
+    def __init__(self, env):
+        super().__init__(env)
+        self.name = f"Compactor {env.baseline_name}"
+
+    def config_file(self):
+        """The config/compactor.toml of the tree the binary was built in (an older build may not
+        know keys added since), else --compactor-config."""
+        tree = subprocess.run(["git", "-C", os.path.dirname(os.path.abspath(self.env.baseline_compactor)),
+                               "rev-parse", "--show-toplevel"], capture_output=True, text=True).stdout.strip()
+        own = os.path.join(tree, "config", "compactor.toml") if tree else ""
+        return own if own and os.path.exists(own) else self.env.compactor_config
+
+    def start_instance(self, key, port, upstream, config_text):
+        binary = self.env.compactor
+        self.env.compactor = self.env.baseline_compactor
+        try:
+            return super().start_instance(f"baseline-{key}", port, upstream, config_text)
+        finally:
+            self.env.compactor = binary
+
+
+def is_compactor(name):
+    return name.startswith("Compactor")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -502,7 +555,11 @@ def pct(values, q):
     return v[lo] + (v[hi] - v[lo]) * (k - lo)
 
 
+LOADS = []  # the 1-minute load average at each log line, for the report
+
+
 def log(msg):
+    LOADS.append(os.getloadavg()[0])
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
@@ -551,7 +608,7 @@ def prepare_system(sys_, env, res):
     sys_.body_file = os.path.join(env.tmp, f"small-{sys_.name}.json")
     with open(sys_.body_file, "wb") as f:
         f.write(sys_.small_body())
-    run_oha(env.oha, sys_.json_url, sys_.body_file, 200, 1, 8, env.load_cpus)
+    run_fixed_rate(env, sys_.json_url, sys_.body_file, 200, 1, 8)
     wait_idle(sys_.procs)
     time.sleep(0.5)
     res["rss_idle_kb"] = sum(p.rss_kb() for p in sys_.procs) if sys_.procs else None
@@ -573,8 +630,8 @@ def load_rounds(systems, env, results):
                     c0 = cpu_seconds(s.procs)
                     if kind == "rate":
                         log(f"{s.name}: {rate} req/s for {env.seconds}s (round {rnd + 1}/{env.rounds})")
-                        r = run_oha(env.oha, s.json_url, s.body_file, rate, env.seconds,
-                                    env.oha_conns, env.load_cpus)
+                        r = run_fixed_rate(env, s.json_url, s.body_file, rate, env.seconds,
+                                           env.oha_conns)
                         results[s.name].setdefault(f"rate{rate}_rounds", []).append(r)
                     else:
                         log(f"{s.name}: saturation, wrk -c{env.wrk_conns} for {env.seconds}s "
@@ -634,10 +691,35 @@ def measure_streaming(sys_, env, res):
         res["streams"] = out
 
 
-def measure_sdk(sys_, env, res):
+def sdk_rounds(systems, env, results):
+    """The real-SDK row, interleaved like the load: each round runs every system once, in a
+    rotating order. Added p50 is taken per round against that round's direct (the machine's
+    moments shared), and reported as the median over rounds beside the pooled figures."""
+    systems = [s for s in systems if s.name != "LiteLLM"]
+    times = {s.name: {"json": [], "sse": []} for s in systems}
+    per_round = {s.name: {"json": [], "sse": []} for s in systems}
+    for rnd in range(env.sdk_rounds):
+        order = systems[rnd % len(systems):] + systems[:rnd % len(systems)]
+        got = {}
+        for s in order:
+            log(f"{s.name}: OpenAI Python SDK, {env.sdk_n} requests each way "
+                f"(round {rnd + 1}/{env.sdk_rounds})")
+            got[s.name] = run_sdk_client(s, env)
+        for s in systems:
+            for kind in ("json", "sse"):
+                times[s.name][kind] += got[s.name][kind]
+                per_round[s.name][kind].append(pct(got[s.name][kind], .5) - pct(got["direct"][kind], .5))
+    for s in systems:
+        results[s.name]["sdk"] = {
+            kind: {"p50": pct(v, .5), "p99": pct(v, .99), "n": len(v),
+                   "added_p50_rounds": per_round[s.name][kind],
+                   "added_p50_median": statistics.median(per_round[s.name][kind])}
+            for kind, v in times[s.name].items()}
+
+
+def run_sdk_client(sys_, env):
     """The OpenAI Python SDK as applications use it (httpx, connections kept alive): wall time
     per request, non-streaming and streaming, sequential (scripts/bench/sdk_client.py)."""
-    log(f"{sys_.name}: OpenAI Python SDK, {env.sdk_n} requests each way")
     base = sys_.json_url.rsplit("/chat/completions", 1)[0]
     sse_base = sys_.sse_url.rsplit("/chat/completions", 1)[0]
     out = subprocess.run([env.sdk_python, os.path.join(HERE, "sdk_client.py"), "--base-url", base,
@@ -645,8 +727,7 @@ def measure_sdk(sys_, env, res):
                           "-n", str(env.sdk_n)], capture_output=True, text=True, timeout=900)
     if out.returncode != 0:
         raise RuntimeError(f"sdk_client.py failed: {out.stderr.strip()[-400:]}")
-    times = json.loads(out.stdout)
-    res["sdk"] = {kind: {"p50": pct(v, .5), "p99": pct(v, .99), "n": len(v)} for kind, v in times.items()}
+    return json.loads(out.stdout)
 
 
 def measure_large(sys_, env, res, conv):
@@ -816,7 +897,7 @@ def report(env, results, extra):
                     break
     except OSError:
         pass
-    systems = [s for s in ("direct", "nginx", "LiteLLM", "Compactor") if s in results]
+    systems = list(results)  # in the order they were started: direct first
     base = results.get("direct", {})
     L = []
     L.append(f"# Load benchmark, {now:%Y-%m-%d}")
@@ -825,8 +906,10 @@ def report(env, results, extra):
     L.append(f"- Machine: {os.cpu_count()} cores, {cpu}, Linux {platform.release()}")
     L.append(f"- Pinning: {env.pin_note}; all benchmark processes at {env.sched}")
     load_end = os.getloadavg()[0]
-    busy = max(env.load_start, load_end) > 1.5
-    L.append(f"- Load average (1 min) at start / end: {env.load_start:.2f} / {load_end:.2f}"
+    load_max = max(LOADS + [env.load_start, load_end])
+    busy = load_max > 1.5
+    L.append(f"- Load average (1 min) at start / end / highest seen during the run: "
+             f"{env.load_start:.2f} / {load_end:.2f} / {load_max:.2f}"
              + (" — **other work was running on the machine**: tail latencies (p90, p99) and "
                 "throughput are inflated by it; medians and CPU per request are the steadier figures "
                 "(on a shared machine, `--realtime` shields the servers)"
@@ -838,7 +921,11 @@ def report(env, results, extra):
              f"slow streams and the 2 s summarizer come from `scripts/bench/slow_mock.py`. The mocks report "
              f"`usage.prompt_tokens: 0` (unknown), so that no fixed figure calibrates Compactor's token counter.")
     L.append(f"- Small request: `{json.dumps(SMALL)}` ({len(clients.json_body(SMALL))} B)")
-    L.append(f"- Fixed rates: oha `-q RATE -c {env.oha_conns} --latency-correction`; saturation: wrk "
+    fixed = (f"oha `-q RATE -c {env.oha_conns} --latency-correction`" if env.oha else
+             f"wrk `-t1 -c{env.oha_conns}`, each connection pausing {env.oha_conns}/RATE s after each "
+             f"answer (oha was not available: a closed loop without latency correction, so its p90/p99 "
+             f"are not comparable with oha's open-loop figures; p50 is)")
+    L.append(f"- Fixed rates: {fixed}; saturation: wrk "
              f"`-t{env.wrk_threads} -c{env.wrk_conns}`; each {env.rounds} rounds of {env.seconds} s per "
              f"system, the systems interleaved (every round runs each system once, in rotating order); "
              f"figures are medians over the rounds. Added latency = the system's percentile minus "
@@ -879,9 +966,14 @@ def report(env, results, extra):
     for kind, label in (("json", "non-streaming"), ("sse", "streaming, whole stream")):
         row(f"OpenAI Python SDK, kept alive, {label}: p50 / p99 (ms)",
             lambda r, kind=kind: f"{ms(r['sdk'][kind]['p50'])} / {ms(r['sdk'][kind]['p99'])}")
-        row(f"OpenAI Python SDK, kept alive, {label}: **added** p50 / p99 (ms)",
+        row(f"OpenAI Python SDK, kept alive, {label}: **added** p50 / p99 (ms), all rounds pooled",
             lambda r, kind=kind: "floor" if r is base else " / ".join(
                 f"{(r['sdk'][kind][q] - base['sdk'][kind][q]) * 1e3:+.3f}" for q in ("p50", "p99")))
+        row(f"OpenAI Python SDK, kept alive, {label}: **added p50 per round** against the same "
+            f"round's direct, median (ms) [each round]",
+            lambda r, kind=kind: "floor" if r is base else
+            f"{r['sdk'][kind]['added_p50_median'] * 1e3:+.3f} ["
+            + ", ".join(f"{x * 1e3:+.2f}" for x in r['sdk'][kind]['added_p50_rounds']) + "]")
     row(f"slow stream ({CHUNKS} chunks {CHUNK_MS} ms apart): chunk delay p50 / max (ms)",
         lambda r: f"{ms(r['chunks']['p50'])} / {ms(r['chunks']['max'])}" + ("" if r['chunks']['n'] == CHUNKS else f" ({r['chunks']['n']} chunks)"))
     if env.streams:
@@ -903,6 +995,8 @@ def report(env, results, extra):
         L.append(f"- 128k-token conversation: n/a: {extra['large_na']}")
     elif comp and "large" in comp:
         cl, bl = comp["large"], base.get("large")
+        builds = [(name, results[name]["large"]) for name in systems
+                  if is_compactor(name) and "large" in results[name]]
         conv = extra["conv"]
         L.append(f"- 128k-token conversation: `{conv['source']}` cut to {len(conv['messages'])} messages, "
                  f"{conv['tokens']:,} tokens ({conv['counter']}), sent as model `{env.large_model or conv['model']}`, "
@@ -913,14 +1007,18 @@ def report(env, results, extra):
         L.append("| 128k conversation + 1 turn | direct p50 (ms) | Compactor p50 / max (ms) | added p50 (ms) | "
                  "Compactor CPU / waiting for a CPU, per request (ms) |")
         L.append("|---|---|---|---|---|")
-        for k, label in (("cold", f"cold (first time, {len(cl['cold'])} samples)"),
-                         ("warm", f"warm (seen before, {len(cl['warm'])} samples)")):
-            d = statistics.median(bl[k]) if bl and bl.get(k) else None
-            c = statistics.median(cl[k]) if cl.get(k) else None
-            added = f"{(c - d) * 1e3:+.2f}" if c is not None and d is not None else "n/a"
-            cpu, wait = cl.get(f"{k}_cpu_ms"), cl.get(f"{k}_wait_ms")
-            L.append(f"| {label} | {ms(d, 2)} | {ms(c, 2)} / {ms(max(cl[k]) if cl.get(k) else None, 2)} | {added} | "
-                     f"{'n/a' if cpu is None else f'{cpu:.2f}'} / {'n/a' if wait is None else f'{wait:.2f}'} |")
+        for name, gl in builds:
+            for k, label in (("cold", f"cold (first time, {len(gl['cold'])} samples)"),
+                             ("warm", f"warm (seen before, {len(gl['warm'])} samples)")):
+                if len(builds) > 1:
+                    label = f"{name}: {label}"
+                d = statistics.median(bl[k]) if bl and bl.get(k) else None
+                c = statistics.median(gl[k]) if gl.get(k) else None
+                added = f"{(c - d) * 1e3:+.2f}" if c is not None and d is not None else "n/a"
+                cpu, wait = gl.get(f"{k}_cpu_ms"), gl.get(f"{k}_wait_ms")
+                L.append(f"| {label} | {ms(d, 2)} | {ms(c, 2)} / {ms(max(gl[k]) if gl.get(k) else None, 2)} | "
+                         f"{added} | {'n/a' if cpu is None else f'{cpu:.2f}'} / "
+                         f"{'n/a' if wait is None else f'{wait:.2f}'} |")
         for key, label in (("cold_headers", "cold"), ("headers", "warm")):
             if cl.get(key):
                 L.append("")
@@ -1030,9 +1128,10 @@ def targets(env, results, extra):
                     f"{ms(dm)} ms, {c['chunks']['n']}/{d['chunks']['n']} chunks", verdict(ok)))
     if c.get("sdk") and d.get("sdk"):
         for kind, label in (("json", "non-streaming"), ("sse", "streaming")):
-            a = c["sdk"][kind]["p50"] - d["sdk"][kind]["p50"]
+            a = c["sdk"][kind]["added_p50_median"]
             out.append((f"(issue 16) OpenAI Python SDK, kept alive, {label}: added p50 ≤ 0.2 ms",
-                        f"{a * 1e3:+.3f} ms", verdict(a <= 0.0002)))
+                        f"{a * 1e3:+.3f} ms (median over {len(c['sdk'][kind]['added_p50_rounds'])} "
+                        f"rounds of the round's added p50)", verdict(a <= 0.0002)))
     else:
         out.append(("(issue 16) OpenAI Python SDK: added p50 ≤ 0.2 ms",
                     "n/a: not measured (no --sdk-python)", "n/a"))
@@ -1065,6 +1164,19 @@ class Env:
     pass
 
 
+def revision_of(binary):
+    """The revision of the tree a binary was built in (its target dir's parent: a worktree of its
+    own, or this one), marked when src/ had uncommitted changes."""
+    tree = os.path.dirname(os.path.abspath(binary))
+    rev = subprocess.run(["git", "-C", tree, "rev-parse", "--short", "HEAD"],
+                         capture_output=True, text=True).stdout.strip() or "unknown revision"
+    if subprocess.run(["git", "-C", tree, "status", "--porcelain", "--", ":/src",
+                       ":/Cargo.toml", ":/Cargo.lock"],
+                      capture_output=True, text=True).stdout.strip():
+        rev += " with uncommitted changes in src/"
+    return rev
+
+
 def tool_version(cmd):
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=10)
@@ -1093,7 +1205,18 @@ def main():
     ap.add_argument("--ttfb-n", type=int, default=1000)
     ap.add_argument("--sdk-python", default="",
                     help="a Python with the `openai` package, for the real-SDK row ('' skips it)")
-    ap.add_argument("--sdk-n", type=int, default=300, help="SDK requests per system and kind")
+    ap.add_argument("--sdk-n", type=int, default=300, help="SDK requests per system, kind and round")
+    ap.add_argument("--sdk-rounds", type=int, default=3,
+                    help="rounds of the real-SDK row, every system once per round in rotating order")
+    ap.add_argument("--baseline-compactor", default="",
+                    help="another Compactor binary (e.g. an earlier revision's release build) measured "
+                         "in the same run, interleaved with --compactor")
+    ap.add_argument("--baseline-name", default="before",
+                    help="how the report names --baseline-compactor (\"Compactor NAME\")")
+    ap.add_argument("--phases", default="load,streaming,sdk,large,compaction",
+                    help="what to measure: load (fixed rates, saturation), streaming (TTFB, chunk "
+                         "timing, open streams), sdk (the real-SDK row, needs --sdk-python), large "
+                         "(the 128k conversation), compaction")
     ap.add_argument("--large-tokens", type=int, default=128000)
     ap.add_argument("--large-model", default="gpt-4.1",
                     help="model name for the large conversation (default gpt-4.1: a 1M window, so "
@@ -1121,6 +1244,8 @@ def main():
                     help="wrk threads (default: one per core given to the load generator)")
     ap.add_argument("--out", default=os.path.join(ROOT, "benches", "results"))
     ap.add_argument("--keep-tmp", action="store_true")
+    ap.add_argument("--label", default="",
+                    help="written as benches/results/DATE-LABEL.md (default DATE.md)")
     a = ap.parse_args()
 
     env = Env()
@@ -1128,7 +1253,9 @@ def main():
                         oha=a.oha, litellm=a.litellm, litellm_workers=a.litellm_workers,
                         compactor=a.compactor, compactor_config=a.compactor_config,
                         streams=a.streams, streams_timeout=a.streams_timeout, ttfb_n=a.ttfb_n,
-                        sdk_python=a.sdk_python, sdk_n=a.sdk_n,
+                        sdk_python=a.sdk_python, sdk_n=a.sdk_n, sdk_rounds=a.sdk_rounds,
+                        baseline_compactor=a.baseline_compactor, baseline_name=a.baseline_name,
+                        phases={x.strip() for x in a.phases.split(",") if x.strip()},
                         large_cold=a.large_cold, large_model=a.large_model, large_warm=a.large_warm,
                         summary_delay=a.summary_delay, compact_window=a.compact_window,
                         oha_conns=a.oha_conns, wrk_conns=a.wrk_conns, wrk_threads=a.wrk_threads)
@@ -1177,8 +1304,9 @@ def main():
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
 
-    versions = [tool_version(["nginx", "-v"]), tool_version(["wrk", "-v"]).split(" [")[0],
-                tool_version([a.oha, "--version"])]
+    versions = [tool_version(["nginx", "-v"]), tool_version(["wrk", "-v"]).split(" [")[0]]
+    if a.oha:
+        versions.append(tool_version([a.oha, "--version"]))
     notes += [
         "Logging: nginx `access_log off`; LiteLLM `LITELLM_LOG=ERROR`; Compactor `COMPACTOR_LOG=warn` "
         "(its default, info, writes a line per request).",
@@ -1225,17 +1353,19 @@ def main():
         if "compactor" in want:
             if os.path.exists(a.compactor):
                 systems.append(Compactor(env))
-                # the revision of the tree the binary sits in (a worktree of its own, or this one)
-                tree = os.path.dirname(os.path.abspath(a.compactor))
-                rev = subprocess.run(["git", "-C", tree, "rev-parse", "--short", "HEAD"],
-                                     capture_output=True, text=True).stdout.strip() or "unknown revision"
-                if subprocess.run(["git", "-C", tree, "status", "--porcelain", "--", ":/src",
-                                   ":/Cargo.toml", ":/Cargo.lock"],
-                                  capture_output=True, text=True).stdout.strip():
-                    rev += " with uncommitted changes in src/"
-                versions.append(f"compactor {rev}")
+                versions.append(f"compactor {revision_of(a.compactor)}")
             else:
                 notes.append(f"Compactor: n/a: feature missing (no binary at {a.compactor})")
+            if a.baseline_compactor:
+                if os.path.exists(a.baseline_compactor):
+                    baseline = BaselineCompactor(env)
+                    systems.insert(-1, baseline)
+                    versions.append(f"{baseline.name}: {revision_of(a.baseline_compactor)}")
+                    notes.append(f"{baseline.name}: `{a.baseline_compactor}`, started like Compactor "
+                                 f"but with the config file of its own tree (`{baseline.config_file()}`); "
+                                 f"it takes part in every interleaved round.")
+                else:
+                    notes.append(f"Compactor {a.baseline_name}: n/a: no binary at {a.baseline_compactor}")
         env.versions = "; ".join(versions)
 
         started = []
@@ -1251,18 +1381,21 @@ def main():
                 notes.append(f"{s.name}: n/a: did not start: {e!r}")
                 results.pop(s.name, None)
                 s.stop()
-        load_rounds(started, env, results)
+        if "load" in env.phases:
+            load_rounds(started, env, results)
+        if "sdk" in env.phases and env.sdk_python:
+            sdk_rounds(started, env, results)
         # one system at a time from here on; LiteLLM last (it leaves upstream streams open)
         for s in sorted(started, key=lambda s: s.name == "LiteLLM"):
             r = results[s.name]
             try:
-                measure_streaming(s, env, r)
-                if env.sdk_python and s.name != "LiteLLM":
-                    measure_sdk(s, env, r)
-                if s.name in ("direct", "Compactor") and conv is not None:
+                if "streaming" in env.phases:
+                    measure_streaming(s, env, r)
+                if (s.name == "direct" or is_compactor(s.name)) and conv is not None \
+                        and "large" in env.phases:
                     log(f"{s.name}: 128k-token conversation, cold and warm")
                     measure_large(s, env, r, conv)
-                    if s.name == "Compactor" and any(st >= 400 for st in r["large"]["statuses"]):
+                    if is_compactor(s.name) and any(st >= 400 for st in r["large"]["statuses"]):
                         extra["large_na"] = f"feature missing: Compactor answered {r['large']['statuses']}"
             except Exception as e:  # noqa: BLE001
                 log(f"{s.name}: failed: {e!r}")
@@ -1270,7 +1403,7 @@ def main():
             finally:
                 s.stop()
 
-        if "Compactor" in results and conv is not None:
+        if "Compactor" in results and conv is not None and "compaction" in env.phases:
             log("Compactor: compaction with a 2 s summarizer")
             try:
                 window = a.compact_window
@@ -1303,7 +1436,7 @@ def main():
 
     text = report(env, results, extra)
     os.makedirs(a.out, exist_ok=True)
-    path = os.path.join(a.out, f"{datetime.date.today():%Y-%m-%d}.md")
+    path = os.path.join(a.out, f"{datetime.date.today():%Y-%m-%d}{'-' + a.label if a.label else ''}.md")
     with open(path, "w") as f:
         f.write(text)
     with open(path[:-3] + ".json", "w") as f:

@@ -43,6 +43,14 @@ pub(super) fn matches_prefix(checkpoint: &Checkpoint, chain: &[Hash]) -> bool {
             .is_some_and(|h| identity::hex(h) == checkpoint.prefix_hash)
 }
 
+/// Whether `checkpoint` summarizes all of the conversation, nothing left verbatim (what a
+/// client-requested compaction makes).
+pub(super) fn covers_all(checkpoint: &Checkpoint, conversation: &Conversation) -> bool {
+    checkpoint.covered == conversation.roles.len()
+        && checkpoint.pinned_user.is_none()
+        && matches_prefix(checkpoint, &conversation.chain)
+}
+
 impl Engine {
     /// Stage `identify`: counts and hashes the messages, finds the anchor, and works out the
     /// window, margin and output reserve for the model.

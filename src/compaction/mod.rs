@@ -48,16 +48,20 @@ use crate::measure::{calibration, windows::WindowTable, Encoding, Meter};
 use crate::metrics::Metrics;
 use crate::store::{CheckpointStore, ModelFacts};
 
-use conversation::{Conversation, View};
+use conversation::{covers_all, Conversation, View};
 pub use summarizer::{Summarizer, SummarizerError};
 
-/// What the client asked for in `x-compactor-mode`.
+/// What the client asked for in `x-compactor-mode`, or by asking for a compaction in its own
+/// protocol.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Mode {
     #[default]
     Auto,
     Force,
     Off,
+    /// Summarize the whole conversation, nothing kept verbatim (Responses' client-requested
+    /// compaction: the client replaces its history with the result). Not a header value.
+    Whole,
 }
 
 impl Mode {
@@ -165,7 +169,7 @@ pub struct CannotFit {
 
 /// Why a summary could not be made.
 #[derive(Debug, thiserror::Error)]
-enum SummaryError {
+pub enum SummaryError {
     #[error("summarizer-timeout")]
     Timeout,
     #[error("summarizer-error")]
@@ -324,6 +328,46 @@ impl Engine {
         let newest = checkpoints.iter().find(|c| !c.ahead_of_time);
         let view = self.view(&conversation, newest);
         self.rewrite(&conversation, &view, outcome).body
+    }
+
+    /// Summarizes the whole conversation, instructions aside, into one checkpoint (extending
+    /// the newest stored one that covers a prefix of it), for a client that asked for a
+    /// compaction and will send the summary back in place of its history. A checkpoint that
+    /// already covers everything is returned as it is.
+    pub async fn compact_whole(
+        self: &Arc<Self>,
+        context: &RequestContext,
+        request: &Arc<dyn WireRequest>,
+    ) -> Result<crate::store::Checkpoint, SummaryError> {
+        let context = RequestContext {
+            mode: Mode::Whole,
+            ..context.clone()
+        };
+        let (facts, _) = self.model_facts(request.model()).await;
+        let conversation = self.identify(&context, request, facts);
+        let mut outcome = Outcome::default();
+        let checkpoints = self.stored_checkpoints(&conversation, &mut outcome).await;
+        if let Some(whole) = checkpoints.iter().find(|c| covers_all(c, &conversation)) {
+            return Ok(whole.clone());
+        }
+        let base = checkpoints.iter().find(|c| !c.ahead_of_time);
+        let (checkpoint, summarized) = self
+            .compact(
+                &context,
+                &conversation,
+                base,
+                false,
+                false,
+                tokio::time::Instant::now(),
+            )
+            .await?;
+        if summarized {
+            self.metrics
+                .compactions
+                .get_or_create(&crate::metrics::TriggerLabel { trigger: "client" })
+                .inc();
+        }
+        Ok(checkpoint)
     }
 
     /// The request as the client sent it: its size, calibrated, against the window.

@@ -149,11 +149,31 @@ impl Record {
     }
 
     /// The record under its heading, newest items first, in at most `budget` tokens; empty when
-    /// nothing fits.
+    /// nothing fits. Each section has its share of the budget; what one leaves goes to the next,
+    /// and what all leave goes round once more from the first, so a record of one kind of item
+    /// still fills the budget.
     pub fn render(&self, encoding: Encoding, budget: u64) -> String {
-        let mut body = String::new();
-        let mut left_over = 0;
         let budget = budget.saturating_sub(encoding.count(HEADING) + 2);
+        let (mut body, unused) = self.render_sections(encoding, budget, 0);
+        if unused > 0 {
+            // The second round had `budget + unused` tokens to hand out: it fits only when it
+            // leaves at least `unused` of them.
+            let (fuller, left) = self.render_sections(encoding, budget, unused);
+            if left >= unused {
+                body = fuller;
+            }
+        }
+        if body.is_empty() {
+            return body;
+        }
+        format!("{HEADING}\n\n{}", body.trim_end())
+    }
+
+    /// The sections in `budget` tokens, the first given `extra` tokens besides its share; with
+    /// the tokens left unused.
+    fn render_sections(&self, encoding: Encoding, budget: u64, extra: u64) -> (String, u64) {
+        let mut body = String::new();
+        let mut left_over = extra;
         for (section, (title, share)) in SECTIONS.iter().enumerate() {
             let allowance = budget * share / 100 + left_over;
             let title_cost = encoding.count(title) + 2;
@@ -194,10 +214,7 @@ impl Record {
             }
             body.push('\n');
         }
-        if body.is_empty() {
-            return body;
-        }
-        format!("{HEADING}\n\n{}", body.trim_end())
+        (body, left_over)
     }
 }
 
@@ -212,8 +229,19 @@ pub fn split(summary: &str) -> (&str, Option<&str>) {
     }
 }
 
+/// Least of a summary's budget kept for the record, in percent: the model's answer is capped at
+/// the rest ([`model_allowance`]), so a verbose model cannot crowd out what no model may lose.
+pub const FLOOR: u64 = 50;
+/// Most of a summary's budget the record takes, in percent: all the model's text leaves.
+pub const SHARE: u64 = 100;
+
+/// The longest answer the model may write within a summary budget of `budget` tokens.
+pub fn model_allowance(budget: u64) -> u64 {
+    budget * (100 - FLOOR) / 100
+}
+
 /// The summary to store: the model's text, then the record of `span` followed by the record of
-/// the previous summary, in what the model's text left of `budget` (at most half of it).
+/// the previous summary, in what the model's text left of `budget`.
 pub fn attach(
     model_text: &str,
     span: &[(Role, MessageView)],
@@ -221,11 +249,24 @@ pub fn attach(
     encoding: Encoding,
     budget: u64,
 ) -> String {
+    attach_share(model_text, span, previous, encoding, budget, SHARE)
+}
+
+/// [`attach`] with the record taking at most `share` percent of `budget`.
+pub fn attach_share(
+    model_text: &str,
+    span: &[(Role, MessageView)],
+    previous: Option<&str>,
+    encoding: Encoding,
+    budget: u64,
+    share: u64,
+) -> String {
     let older = previous
         .and_then(|p| split(p).1)
         .map(Record::parse)
         .unwrap_or_default();
-    let room = (budget / 2).min(budget.saturating_sub(encoding.count(model_text)));
+    let room =
+        (budget * share.min(100) / 100).min(budget.saturating_sub(encoding.count(model_text)));
     let record = Record::collect(span).then(older).render(encoding, room);
     if record.is_empty() {
         model_text.to_string()
@@ -393,6 +434,30 @@ mod tests {
         );
         assert!(text.contains("request number 0 ") && !text.contains("request number 199 "));
         assert_eq!(r.render(Encoding::O200k, 10), "");
+    }
+
+    #[test]
+    fn the_record_fills_what_a_terse_model_leaves_and_keeps_its_floor() {
+        // Many requests: more record than any budget here holds.
+        let messages: Vec<String> = (0..200)
+            .map(|i| {
+                format!(r#"{{"role":"user","content":"request number {i} about the parser"}}"#)
+            })
+            .collect();
+        let body = format!(r#"{{"model":"m","messages":[{}]}}"#, messages.join(","));
+        let request = ChatRequest::parse(body.as_bytes()).unwrap();
+        let span = views(&request);
+        let budget = 1000;
+        let terse = attach("## Goal\nfix it", &span, None, Encoding::O200k, budget);
+        let used = Encoding::O200k.count(&terse);
+        assert!(used > budget * 3 / 4 && used <= budget, "{used}");
+        // The model may write at most its allowance, so the record always keeps its floor.
+        let verbose = "word ".repeat(model_allowance(budget) as usize);
+        let model_tokens = Encoding::O200k.count(&verbose);
+        assert!(model_tokens <= budget * (100 - FLOOR) / 100 + 1);
+        let stored = attach(&verbose, &span, None, Encoding::O200k, budget);
+        let record = Encoding::O200k.count(split(&stored).1.unwrap());
+        assert!(record >= budget * FLOOR / 100 * 9 / 10, "{record}");
     }
 
     #[test]

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use crate::identity::{self, Hash};
 use crate::store::Checkpoint;
 
-use super::conversation::{matches_prefix, Conversation};
+use super::conversation::{covers_all, matches_prefix, Conversation};
 use super::plan::Plan;
 use super::{Engine, Mode, RequestContext, Status, SummaryError};
 
@@ -111,7 +111,12 @@ impl Engine {
                     });
                 if let Some(cp) = fresh {
                     let view = self.view(conversation, Some(&cp));
-                    if self.fits(conversation, &view) || context.mode == Mode::Force {
+                    let enough = match context.mode {
+                        Mode::Force => true,
+                        Mode::Whole => covers_all(&cp, conversation),
+                        Mode::Auto | Mode::Off => self.fits(conversation, &view),
+                    };
+                    if enough {
                         return Ok((cp, false));
                     }
                     // Their checkpoint helps but is not enough: extend it.

@@ -12,7 +12,7 @@ use crate::request::{Message, Role};
 
 use super::rewrite::cut_middle;
 
-/// The summarizer's system prompt.
+/// The summarizer's system prompt in [`Wording::Sections`].
 pub const SYSTEM_PROMPT: &str = "Summarize the conversation transcript you are given so that an AI \
 coding assistant can continue the same work without it. Do not answer, continue or comment on the \
 conversation; only summarize it.
@@ -40,6 +40,102 @@ const FIRST: &str = "Write the summary of the transcript above.";
 const UPDATE: &str = "The previous summary above covers the conversation before this transcript. \
 Write one updated summary under the same headings that keeps what still matters from the previous \
 summary and adds what the transcript shows.";
+
+/// The system prompt in [`Wording::Outline`]: only the role. A small model echoes descriptive
+/// text it sees in a prompt, so nothing here reads like summary content.
+const OUTLINE_SYSTEM: &str = "You write summaries of conversations between a user and an AI \
+coding assistant. You never continue the conversation and never repeat your instructions.";
+/// The task in [`Wording::Outline`], after the transcript, where a small model still reads it.
+const OUTLINE_TASK: &str = "Summarize the transcript for the assistant that continues this work \
+without it. Use only facts from the transcript, and copy file paths, function names, commands, \
+error messages and numbers exactly.";
+/// The update task in [`Wording::Outline`].
+const OUTLINE_UPDATE: &str = "The previous summary covers the conversation before the transcript. \
+Write one summary of both: keep every fact of the previous summary that still holds and add the \
+transcript's.";
+/// The headings a [`Wording::Outline`] answer fills, given bare at the very end.
+const OUTLINE_HEADINGS: &str = "## Goal\n## Done\n## In progress\n## Next steps\n## Key facts";
+
+/// How a summary request is worded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Wording {
+    /// [`SYSTEM_PROMPT`]: the headings and what each holds, before the transcript.
+    #[default]
+    Sections,
+    /// For small models: a system prompt that only states the role, and after the transcript a
+    /// short task and five bare headings.
+    Outline,
+}
+
+/// How the previous summary (of earlier chunks or an earlier compaction) enters the next one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Carry {
+    /// Given before the transcript; the model rewrites it with the transcript into one summary.
+    #[default]
+    Rewrite,
+    /// Not shown to the model: each chunk is summarized alone and the texts are joined, oldest
+    /// first, the oldest cut when they outgrow the summary's budget ([`join`]).
+    Append,
+}
+
+/// The wording and carry of summary requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Style {
+    pub wording: Wording,
+    pub carry: Carry,
+}
+
+impl Style {
+    /// The system prompt of this style's requests.
+    pub fn system_prompt(&self) -> &'static str {
+        match self.wording {
+            Wording::Sections => SYSTEM_PROMPT,
+            Wording::Outline => OUTLINE_SYSTEM,
+        }
+    }
+
+    /// The previous summary as the model should see it: none when summaries are appended.
+    pub fn shown<'a>(&self, previous: Option<&'a str>) -> Option<&'a str> {
+        match self.carry {
+            Carry::Rewrite => previous,
+            Carry::Append => None,
+        }
+    }
+
+    /// The running summary after a chunk answered `answer`.
+    pub fn fold(
+        &self,
+        running: Option<&str>,
+        answer: String,
+        encoding: Encoding,
+        max_tokens: u64,
+    ) -> String {
+        match (self.carry, running) {
+            (Carry::Append, Some(older)) => join(older, &answer, encoding, max_tokens),
+            _ => answer,
+        }
+    }
+}
+
+/// `older` then `newer`, within `max_tokens`: `newer` whole when it fits, `older` cut from its
+/// beginning (its oldest facts go first).
+pub fn join(older: &str, newer: &str, encoding: Encoding, max_tokens: u64) -> String {
+    let room = max_tokens.saturating_sub(encoding.count(newer) + 2);
+    let older = older.trim();
+    let mut kept = older;
+    while !kept.is_empty() && encoding.count(kept) > room {
+        // Drop whole paragraphs (or lines) from the front until it fits.
+        kept = match kept.split_once("\n\n").or_else(|| kept.split_once('\n')) {
+            Some((_, rest)) => rest.trim_start(),
+            None => "",
+        };
+    }
+    if kept.is_empty() {
+        newer.trim().to_string()
+    } else {
+        format!("{kept}\n\n{}", newer.trim())
+    }
+}
 
 /// Longest tool result, in characters, copied into a transcript whole.
 pub const TRANSCRIPT_RESULT_CHARS: usize = 4000;
@@ -100,27 +196,31 @@ fn shorten(text: &str, limit: usize) -> String {
 /// The body of one summary request, in chat completions form.
 pub fn request_body(
     model: &str,
+    style: Style,
     previous: Option<&str>,
     transcript: &str,
     instructions: &[&str],
     max_tokens: u64,
 ) -> Value {
-    let user = user_prompt(previous, transcript, instructions, max_tokens);
+    let user = user_prompt(style, previous, transcript, instructions, max_tokens);
     Chat.summary_request(&SummaryRequest {
         model,
-        system: SYSTEM_PROMPT,
+        system: style.system_prompt(),
         user: &user,
         max_tokens,
     })
 }
 
-/// The user message of a summary request: the previous summary, the transcript, what to do.
+/// The user message of a summary request: the previous summary (unless `style` appends), the
+/// transcript, what to do.
 pub fn user_prompt(
+    style: Style,
     previous: Option<&str>,
     transcript: &str,
     instructions: &[&str],
     max_tokens: u64,
 ) -> String {
+    let previous = style.shown(previous);
     let mut user = String::new();
     if let Some(previous) = previous {
         user.push_str("<previous-summary>\n");
@@ -130,7 +230,12 @@ pub fn user_prompt(
     user.push_str("<transcript>\n");
     user.push_str(transcript);
     user.push_str("</transcript>\n\n");
-    user.push_str(if previous.is_some() { UPDATE } else { FIRST });
+    user.push_str(match (style.wording, previous.is_some()) {
+        (Wording::Sections, false) => FIRST,
+        (Wording::Sections, true) => UPDATE,
+        (Wording::Outline, false) => OUTLINE_TASK,
+        (Wording::Outline, true) => OUTLINE_UPDATE,
+    });
     // The answer is cut off at `max_tokens`; a model told its budget finishes every section.
     let words = max_tokens * 3 / 5;
     user.push_str(&format!(
@@ -139,6 +244,10 @@ pub fn user_prompt(
     for extra in instructions.iter().filter(|s| !s.trim().is_empty()) {
         user.push_str("\n\nAdditional instructions: ");
         user.push_str(extra.trim());
+    }
+    if style.wording == Wording::Outline {
+        user.push_str("\n\nHeadings:\n");
+        user.push_str(OUTLINE_HEADINGS);
     }
     user
 }
@@ -257,6 +366,7 @@ mod tests {
     fn update_requests_carry_the_previous_summary() {
         let body = request_body(
             "m",
+            Style::default(),
             Some("## Goal\nold"),
             "[user]\nhi\n",
             &["keep names"],
@@ -267,6 +377,55 @@ mod tests {
         assert_eq!(body["max_tokens"], 500);
         assert!(user.contains("under 300 words"));
         assert!(body.get("tools").is_none());
+    }
+
+    #[test]
+    fn outline_wording_puts_the_task_and_bare_headings_after_the_transcript() {
+        let style = Style {
+            wording: Wording::Outline,
+            ..Style::default()
+        };
+        let body = request_body("m", style, Some("## Goal\nold"), "[user]\nhi\n", &[], 500);
+        let system = body["messages"][0]["content"].as_str().unwrap();
+        let user = body["messages"][1]["content"].as_str().unwrap();
+        assert_eq!(system, OUTLINE_SYSTEM);
+        assert!(!system.contains("## "), "no heading for the model to echo");
+        let transcript_end = user.find("</transcript>").unwrap();
+        assert!(user.find(OUTLINE_UPDATE).unwrap() > transcript_end);
+        assert!(user.trim_end().ends_with("## Key facts"));
+        assert!(user.starts_with("<previous-summary>\n## Goal\nold"));
+    }
+
+    #[test]
+    fn appending_hides_the_previous_summary_and_joins_within_the_budget() {
+        let style = Style {
+            carry: Carry::Append,
+            ..Style::default()
+        };
+        let user = user_prompt(style, Some("## Goal\nold"), "[user]\nhi\n", &[], 500);
+        assert!(!user.contains("old") && user.contains(FIRST));
+        let joined = style.fold(
+            Some("first facts"),
+            "second facts".into(),
+            Encoding::O200k,
+            500,
+        );
+        assert_eq!(joined, "first facts\n\nsecond facts");
+        // Too long together: the oldest paragraphs go, the newest answer stays whole.
+        let older = (0..40)
+            .map(|i| format!("paragraph {i} {}", "word ".repeat(20)))
+            .collect::<Vec<_>>()
+            .join("\n\n");
+        let joined = style.fold(Some(&older), "newest".into(), Encoding::O200k, 200);
+        assert!(Encoding::O200k.count(&joined) <= 200);
+        assert!(joined.ends_with("\n\nnewest") && joined.contains("paragraph 39 "));
+        assert!(!joined.contains("paragraph 0 "));
+        // Rewriting keeps only the model's answer.
+        let rewrite = Style::default();
+        assert_eq!(
+            rewrite.fold(Some("old"), "new".into(), Encoding::O200k, 500),
+            "new"
+        );
     }
 
     #[test]

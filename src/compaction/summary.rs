@@ -137,6 +137,17 @@ impl Engine {
             pinned: base.and_then(|b| b.pinned_user),
             keep_budget: keep,
         };
+        if conversation.mode == Mode::Whole {
+            let whole = plan::Plan {
+                cut: conversation.roles.len(),
+                pinned_user: None,
+                truncations: vec![],
+            };
+            if whole.newly_covered(&input).is_empty() {
+                return Err(SummaryError::Nothing);
+            }
+            return Ok(whole);
+        }
         let chosen = plan::plan(&input).and_then(|chosen| {
             if conversation.request.keeps_last_turn_whole() {
                 plan::keep_last_turn_whole(&input, chosen)
@@ -203,9 +214,13 @@ impl Engine {
             &views,
             ahead_of_time,
         )?;
-        let saved = self
-            .fill_figures(conversation, base, &mut checkpoint)
-            .ok_or(SummaryError::NoReduction)?;
+        let saved = match self.fill_figures(conversation, base, &mut checkpoint) {
+            Some(saved) => saved,
+            // Asked for by the client, which replaces its history with it: stored even when it
+            // frees nothing (a short conversation).
+            None if conversation.mode == Mode::Whole => 0,
+            None => return Err(SummaryError::NoReduction),
+        };
         self.metrics.tokens_saved.inc_by(saved);
         if let Err(e) = self.store.put(&checkpoint).await {
             self.metrics.store_errors.inc();
@@ -232,13 +247,10 @@ impl Engine {
     ) -> Option<u64> {
         let before = self.view(conversation, base).tokens;
         let after = self.view(conversation, Some(checkpoint)).tokens;
-        if after >= before {
-            return None;
-        }
         checkpoint.tokens_before =
             calibration::apply(conversation.measured.total(), conversation.factor);
         checkpoint.tokens_after = calibration::apply(after, conversation.factor);
-        Some(before - after)
+        (after < before).then(|| before - after)
     }
 
     /// A checkpoint of this conversation through `plan`, with `summary` and the file lists of
@@ -375,7 +387,9 @@ impl Engine {
         } else {
             self.window_for(&model).await
         };
-        let max_tokens = self.summary_allowance(conversation.window.min(window));
+        let allowance = self.summary_allowance(conversation.window.min(window));
+        // The model writes at most its part; the record fills what the model leaves.
+        let max_tokens = record::model_allowance(allowance);
         let encoding = Encoding::for_model(&model);
         let factor = calibration::initial_factor(&model).max(conversation.factor);
         let usable = ((window.saturating_sub(self.config.margin_tokens.min(window / 16)) as f64)
@@ -406,19 +420,26 @@ impl Engine {
         let mut folded = 0;
         // The model sees and rewrites only its own text; the record is carried by code.
         let mut running = previous.map(|p| record::split(p).0.to_string());
+        let style = summarize::Style::default();
         for (n, (chunk, entries_in_chunk)) in chunks.into_iter().enumerate() {
-            let user =
-                summarize::user_prompt(running.as_deref(), &chunk, &instructions, max_tokens);
+            let user = summarize::user_prompt(
+                style,
+                running.as_deref(),
+                &chunk,
+                &instructions,
+                max_tokens,
+            );
             let request = SummaryRequest {
                 model: &model,
-                system: summarize::SYSTEM_PROMPT,
+                system: style.system_prompt(),
                 user: &user,
                 max_tokens,
             };
-            let text = self
+            let answer = self
                 .summarizer_for(conversation.request.dialect())
                 .summarize(&request, &context.credentials)
                 .await?;
+            let text = style.fold(running.as_deref(), answer, encoding, max_tokens);
             folded += entries_in_chunk;
             if n < last_chunk {
                 self.store_progress(
@@ -428,13 +449,13 @@ impl Engine {
                     folded,
                     &text,
                     encoding,
-                    max_tokens,
+                    allowance,
                 )
                 .await;
             }
             running = Some(text);
         }
         let text = running.ok_or(SummaryError::Nothing)?;
-        Ok(record::attach(&text, views, previous, encoding, max_tokens))
+        Ok(record::attach(&text, views, previous, encoding, allowance))
     }
 }

@@ -129,3 +129,26 @@ fn url_credentials_are_redacted_everywhere() {
     assert_eq!(redact_url("memory"), "memory");
     assert_eq!(redact_url("http://h/v1"), "http://h/v1");
 }
+
+#[test]
+fn responses_compaction_is_emulated_unless_the_upstream_is_openai() {
+    let with = |upstream: &str, mode: &str| {
+        let env = env(&[
+            ("COMPACTOR_UPSTREAM", upstream),
+            ("COMPACTOR_RESPONSES__SERVER_COMPACTION", mode),
+        ]);
+        Config::load(None, env, &CliOverrides::default())
+            .unwrap()
+            .emulates_responses_compaction()
+    };
+    assert!(!with("https://api.openai.com/v1", "auto"));
+    assert!(with("http://127.0.0.1:8080/v1", "auto"));
+    assert!(with("https://api.openai.com/v1", "emulate"));
+    assert!(!with("http://127.0.0.1:8080/v1", "passthrough"));
+    let refused = Config::load(
+        None,
+        env(&[("COMPACTOR_RESPONSES__SERVER_COMPACTION", "sometimes")]),
+        &CliOverrides::default(),
+    );
+    assert!(refused.is_err());
+}

@@ -14,6 +14,7 @@ use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
 use http::{HeaderMap, Method};
 
+use super::client_compaction::{self, Intercepted};
 use super::log::Escaped;
 use super::request_headers::{instructions, refuse_encoded_body};
 use super::{
@@ -43,6 +44,9 @@ pub(super) struct Target<'a> {
     /// Whether a body relies on history the provider holds (Responses' `previous_response_id`):
     /// such a request is forwarded untouched, since the proxy cannot see what it would compact.
     pub holds_server_state: Option<fn(&[u8]) -> bool>,
+    /// Whether Compactor answers the compaction the client asks for (Responses'
+    /// `compaction_trigger`) and expands the items it minted ([`client_compaction`]).
+    pub client_compaction: bool,
 }
 
 /// Serves one request of `target`'s dialect on the measured path.
@@ -61,15 +65,16 @@ pub(super) async fn serve(
             e.into_response_in(target.dialect)
         }
     };
-    count_request(app, &target, &response);
+    count_request(app, target.route, &response);
     response
 }
 
-fn count_request(app: &App, target: &Target<'_>, response: &Response) {
+/// Counts one answered request of `route` by its status.
+pub(super) fn count_request(app: &App, route: Route, response: &Response) {
     app.metrics
         .requests
         .get_or_create(&RequestLabels {
-            route: target.route,
+            route,
             status: response.status().as_u16(),
         })
         .inc();
@@ -89,6 +94,10 @@ async fn serve_inner(
     if target.holds_server_state.is_some_and(|holds| holds(&bytes)) {
         return forward_untouched(target, headers, bytes).await;
     }
+    let (bytes, expanded) = match intercept(app, tenant, headers, bytes, target, true).await? {
+        Intercepted::Answer(response) => return Ok(response),
+        Intercepted::Forward(bytes, expanded) => (bytes, expanded),
+    };
     let request: Arc<dyn WireRequest> = Arc::from(target.dialect.parse(&bytes)?);
     measure_on_blocking_pool(app, &request).await;
     let mode = match header_str(headers, "x-compactor-mode") {
@@ -153,7 +162,7 @@ async fn serve_inner(
             )));
         }
     }
-    Ok(finish(
+    let mut response = finish(
         app,
         target,
         request.as_ref(),
@@ -165,7 +174,31 @@ async fn serve_inner(
             upstream: upstream_time,
         },
         &context,
-    ))
+    );
+    // A summary the client brought back (an expanded compaction item) names its checkpoint,
+    // unless the engine applied a newer one.
+    if let Some(id) = expanded {
+        if !response.headers().contains_key("x-compactor-checkpoint") {
+            set(response.headers_mut(), "x-compactor-checkpoint", id);
+        }
+    }
+    Ok(response)
+}
+
+/// The body with the compaction items Compactor minted expanded, or the answer to the
+/// compaction the client asked for, where `target` emulates it ([`client_compaction`]).
+async fn intercept(
+    app: &Arc<App>,
+    tenant: &tenant::Tenant,
+    headers: &HeaderMap,
+    bytes: Bytes,
+    target: &Target<'_>,
+    answer_trigger: bool,
+) -> Result<Intercepted, ApiError> {
+    if !target.client_compaction {
+        return Ok(Intercepted::Forward(bytes, None));
+    }
+    client_compaction::intercept(app, tenant, headers, bytes, answer_trigger).await
 }
 
 /// A request the proxy cannot compact, sent as it came and marked so.
@@ -174,23 +207,33 @@ async fn forward_untouched(
     headers: &HeaderMap,
     bytes: Bytes,
 ) -> Result<Response, ApiError> {
+    let mut out = forward(target, headers, bytes).await?;
+    set(
+        out.headers_mut(),
+        "x-compactor-compaction",
+        "skipped; reason=server-state",
+    );
+    Ok(out)
+}
+
+/// Sends `body` to `target` with the client's headers and relays the answer as it comes.
+async fn forward(
+    target: &Target<'_>,
+    headers: &HeaderMap,
+    body: impl Into<Bytes>,
+) -> Result<Response, ApiError> {
     let response = target
         .upstream
         .send(
             Method::POST,
             &target.upstream_path,
             forwarded_headers(headers),
-            upstream::body_from(bytes),
+            upstream::body_from(body.into()),
         )
         .await?;
     let mut out = Response::new(Body::from_stream(response.body));
     *out.status_mut() = response.status;
     *out.headers_mut() = response.headers;
-    set(
-        out.headers_mut(),
-        "x-compactor-compaction",
-        "skipped; reason=server-state",
-    );
     Ok(out)
 }
 
@@ -278,7 +321,7 @@ fn is_sse(headers: &HeaderMap) -> bool {
 /// Counts the request's tokens on the blocking pool, which fills the meter's cache for the
 /// engine: a large body never holds up the async workers (health checks, other clients), and
 /// the count stops when the client leaves (this future is dropped).
-async fn measure_on_blocking_pool(app: &App, request: &Arc<dyn WireRequest>) {
+pub(super) async fn measure_on_blocking_pool(app: &App, request: &Arc<dyn WireRequest>) {
     let cancel = Cancel::default();
     let _cancel_when_dropped = cancel.on_drop();
     let (meter, request) = (app.engine.meter().clone(), request.clone());
@@ -428,6 +471,10 @@ pub(super) async fn count_through_checkpoint(
     let result = async {
         refuse_encoded_body(headers)?;
         let (bytes, _budget) = app.limits.read_body(headers, body).await?;
+        let bytes = match intercept(app, tenant, headers, bytes, &target, false).await? {
+            Intercepted::Answer(response) => return Ok(response),
+            Intercepted::Forward(bytes, _) => bytes,
+        };
         let request: Arc<dyn WireRequest> = Arc::from(target.dialect.parse(&bytes)?);
         measure_on_blocking_pool(app, &request).await;
         let context = RequestContext {
@@ -436,22 +483,10 @@ pub(super) async fn count_through_checkpoint(
             ..RequestContext::default()
         };
         let rewritten = app.engine.through_checkpoint(&context, &request).await;
-        let response = target
-            .upstream
-            .send(
-                Method::POST,
-                &target.upstream_path,
-                forwarded_headers(headers),
-                upstream::body_from(rewritten),
-            )
-            .await?;
-        let mut out = Response::new(Body::from_stream(response.body));
-        *out.status_mut() = response.status;
-        *out.headers_mut() = response.headers;
-        Ok::<_, ApiError>(out)
+        forward(&target, headers, rewritten).await
     }
     .await;
     let response = result.unwrap_or_else(|e| e.into_response_in(target.dialect));
-    count_request(app, &target, &response);
+    count_request(app, target.route, &response);
     response
 }

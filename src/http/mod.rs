@@ -2,11 +2,13 @@
 //! (chat completions, Anthropic Messages, Responses; the path itself is [`measured`]), the
 //! pass-through for everything else under `/v1/`, health, metrics and the checkpoint API.
 
+pub mod client_compaction;
 pub mod error;
 pub mod gateway_keys;
 pub mod limits;
 pub mod log;
 mod measured;
+pub mod parse_error_bodies;
 pub mod path;
 mod request_headers;
 pub mod stream;
@@ -45,6 +47,8 @@ pub struct App {
     pub admin_token: Option<String>,
     /// Accepted client keys; `None`: any client may use the proxy.
     pub gateway_keys: Option<gateway_keys::GatewayKeys>,
+    /// Who answers the compaction Responses clients ask for.
+    pub client_compaction: client_compaction::ClientCompaction,
 }
 
 /// The router with every route and the panic guard.
@@ -60,6 +64,10 @@ pub fn router(app: Arc<App>) -> Router {
         .route(
             "/v1/responses/input_tokens",
             post(input_tokens).fallback(passthrough),
+        )
+        .route(
+            "/v1/responses/compact",
+            post(client_compaction::compact).fallback(passthrough),
         )
         .route("/v1/messages/{*rest}", any(passthrough))
         .route("/v1/{*rest}", any(passthrough))
@@ -195,6 +203,7 @@ async fn chat(
         upstream: &app.upstream,
         upstream_path: "/chat/completions".into(),
         holds_server_state: None,
+        client_compaction: false,
     };
     measured::serve(&app, &tenant, &headers, body, target).await
 }
@@ -208,18 +217,7 @@ async fn messages(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let upstream_path = match uri.query() {
-        Some(q) => format!("/v1/messages?{q}"),
-        None => "/v1/messages".into(),
-    };
-    let target = measured::Target {
-        dialect: &Messages,
-        route: Route::Messages,
-        path: "/v1/messages",
-        upstream: &app.anthropic_upstream,
-        upstream_path,
-        holds_server_state: None,
-    };
+    let target = messages_target(&app, "/v1/messages", &uri);
     measured::serve(&app, &tenant, &headers, body, target).await
 }
 
@@ -231,19 +229,24 @@ async fn count_tokens(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let upstream_path = match uri.query() {
-        Some(q) => format!("/v1/messages/count_tokens?{q}"),
-        None => "/v1/messages/count_tokens".into(),
-    };
-    let target = measured::Target {
+    let target = messages_target(&app, "/v1/messages/count_tokens", &uri);
+    measured::count_through_checkpoint(&app, &tenant, &headers, body, target).await
+}
+
+/// A `/v1/messages…` route on the Anthropic provider, which keeps the whole path and query.
+fn messages_target<'a>(app: &'a App, path: &'static str, uri: &Uri) -> measured::Target<'a> {
+    measured::Target {
         dialect: &Messages,
         route: Route::Messages,
-        path: "/v1/messages/count_tokens",
+        path,
         upstream: &app.anthropic_upstream,
-        upstream_path,
+        upstream_path: match uri.query() {
+            Some(q) => format!("{path}?{q}"),
+            None => path.into(),
+        },
         holds_server_state: None,
-    };
-    measured::count_through_checkpoint(&app, &tenant, &headers, body, target).await
+        client_compaction: false,
+    }
 }
 
 /// `POST /v1/responses/input_tokens`: counted through the conversation's checkpoint.
@@ -253,14 +256,7 @@ async fn input_tokens(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let target = measured::Target {
-        dialect: &Responses,
-        route: Route::Responses,
-        path: "/v1/responses/input_tokens",
-        upstream: &app.upstream,
-        upstream_path: "/responses/input_tokens".into(),
-        holds_server_state: None,
-    };
+    let target = responses_target(&app, "/v1/responses/input_tokens");
     measured::count_through_checkpoint(&app, &tenant, &headers, body, target).await
 }
 
@@ -273,23 +269,32 @@ async fn responses(
     body: Body,
 ) -> Response {
     let target = measured::Target {
-        dialect: &Responses,
-        route: Route::Responses,
-        path: "/v1/responses",
-        upstream: &app.upstream,
-        upstream_path: "/responses".into(),
         holds_server_state: Some(crate::dialect::responses::uses_server_state),
+        ..responses_target(&app, "/v1/responses")
     };
     measured::serve(&app, &tenant, &headers, body, target).await
 }
 
-fn set(headers: &mut HeaderMap, name: &'static str, value: impl ToString) {
+/// A `/v1/responses…` route on the OpenAI-compatible provider, whose base already ends in `/v1`.
+fn responses_target<'a>(app: &'a App, path: &'static str) -> measured::Target<'a> {
+    measured::Target {
+        dialect: &Responses,
+        route: Route::Responses,
+        path,
+        upstream: &app.upstream,
+        upstream_path: path.trim_start_matches("/v1").into(),
+        holds_server_state: None,
+        client_compaction: app.client_compaction.emulate,
+    }
+}
+
+pub(super) fn set(headers: &mut HeaderMap, name: &'static str, value: impl ToString) {
     if let Ok(v) = HeaderValue::from_str(&value.to_string()) {
         headers.insert(HeaderName::from_static(name), v);
     }
 }
 
-async fn passthrough(
+pub(super) async fn passthrough(
     State(app): State<Arc<App>>,
     method: Method,
     uri: Uri,

@@ -15,7 +15,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{any, post};
+use axum::routing::{self, any};
 use axum::Router;
 use bytes::Bytes;
 use compactor::config::Config;
@@ -114,7 +114,7 @@ pub fn mock_tokens(body: &Value) -> u64 {
 pub async fn start_mock() -> Mock {
     let state = Arc::new(MockState::default());
     let app = Router::new()
-        .route("/v1/chat/completions", post(chat))
+        .route("/v1/chat/completions", routing::post(chat))
         .route("/v1/{*rest}", any(other))
         .with_state(state.clone());
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -435,6 +435,67 @@ pub mod redis_cluster;
 pub mod redis_server;
 pub mod responses_mock;
 
+/// The binary, with no `COMPACTOR_…` variable of the test's environment.
+pub fn compactor_command() -> std::process::Command {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_compactor"));
+    for (name, _) in std::env::vars() {
+        if name.starts_with("COMPACTOR_") {
+            command.env_remove(name);
+        }
+    }
+    command
+}
+
+/// A proxy's answer, read whole: its status, its headers and its body as text.
+pub struct Reply {
+    pub status: u16,
+    pub headers: reqwest::header::HeaderMap,
+    pub body: String,
+}
+
+impl Reply {
+    /// Reads `response` to its end.
+    pub async fn read(response: reqwest::Response) -> Reply {
+        Reply {
+            status: response.status().as_u16(),
+            headers: response.headers().clone(),
+            body: response.text().await.unwrap(),
+        }
+    }
+
+    /// The header `name`, when present and text.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    /// The body as JSON (`Null` when it is not JSON).
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or(Value::Null)
+    }
+}
+
+/// `POST url` with `headers` (in order) and `body`, read whole.
+pub async fn post(url: &str, headers: &[(&str, &str)], body: String) -> Reply {
+    let mut request = client().post(url);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    Reply::read(request.body(body).send().await.unwrap()).await
+}
+
+/// Polls `check` until it holds, failing the test after 15 s: for what the proxy does in the
+/// background (saving facts, reconnecting to its store).
+pub async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while !check().await {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// `GET url` with an optional `Authorization` value: the status and the body as text.
 pub async fn get(url: &str, auth: Option<&str>) -> (u16, String) {
     let mut request = client().get(url);
@@ -478,14 +539,12 @@ pub fn assert_at_most_one_update(mock: &Mock) {
 }
 
 /// Every reply compacted through one and the same checkpoint.
-pub fn assert_one_shared_checkpoint<'a>(
-    replies: impl IntoIterator<Item = (u16, Option<&'a str>, Option<&'a str>)>,
-) {
+pub fn assert_one_shared_checkpoint(replies: &[Reply]) {
     let mut ids = std::collections::BTreeSet::new();
-    for (status, compacted, checkpoint) in replies {
-        assert_eq!(status, 200);
-        assert_eq!(compacted, Some("true"));
-        ids.insert(checkpoint.map(str::to_string));
+    for reply in replies {
+        assert_eq!(reply.status, 200);
+        assert_eq!(reply.header("x-compactor-compacted"), Some("true"));
+        ids.insert(reply.header("x-compactor-checkpoint").map(str::to_string));
     }
     assert_eq!(
         ids.len(),

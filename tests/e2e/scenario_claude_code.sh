@@ -17,7 +17,8 @@
 # to the model; the scenario stops at the first failed turn and prints how many turns survived.
 #
 # Environment: COMPACTOR_URL (with /v1), E2E_COMPACTOR_LOG (Compactor's JSON log), CLAUDE_BIN,
-# E2E_WINDOW, E2E_MODEL, E2E_CLAUDE_TURNS (default 8), E2E_CLAUDE_MAX_TOKENS (default 64),
+# E2E_WINDOW, E2E_MODEL, E2E_CLAUDE_TURNS (default 8), E2E_CLAUDE_MAX_TOKENS (default 256:
+# Claude Code ends a turn with an error when an answer reaches it, and the model rambled past 64),
 # E2E_RELAY_LOG (bodies Compactor forwarded, optional), E2E_PYTHON, E2E_ADMIN_TOKEN, E2E_LOG_DIR.
 set -euo pipefail
 
@@ -67,7 +68,7 @@ for i in $(seq 1 "$turns"); do
   rc=0
   env HOME="$work/home" ANTHROPIC_BASE_URL="$base_url" ANTHROPIC_API_KEY=sk-e2e-claude \
     ANTHROPIC_MODEL="$model" ANTHROPIC_SMALL_FAST_MODEL="$model" \
-    CLAUDE_CODE_MAX_OUTPUT_TOKENS="${E2E_CLAUDE_MAX_TOKENS:-64}" DISABLE_AUTO_COMPACT=1 \
+    CLAUDE_CODE_MAX_OUTPUT_TOKENS="${E2E_CLAUDE_MAX_TOKENS:-256}" DISABLE_AUTO_COMPACT=1 \
     DISABLE_TELEMETRY=1 CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 DISABLE_AUTOUPDATER=1 \
     "$CLAUDE_BIN" --bare -p "$(prompt_of "$i")" --output-format json \
     --system-prompt "You are a coding agent. Be brief." --tools Bash --allowedTools Bash \

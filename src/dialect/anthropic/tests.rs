@@ -62,21 +62,10 @@ fn tool_results_are_tool_elements_and_stay_with_their_call() {
 
 fn checkpoint(covered: usize, pinned_user: Option<usize>) -> Checkpoint {
     Checkpoint {
-        id: "cp".into(),
-        tenant: String::new(),
-        anchor: String::new(),
-        covered,
-        prefix_hash: String::new(),
         pinned_user,
         truncations: vec![],
         summary: "## Goal\nkeep going".into(),
-        files_read: vec![],
-        files_modified: vec![],
-        tokens_before: 0,
-        tokens_after: 0,
-        created_ms: 0,
-        model: "m".into(),
-        ahead_of_time: false,
+        ..crate::store::contract::sample("a", covered, 0)
     }
 }
 

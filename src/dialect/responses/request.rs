@@ -103,6 +103,49 @@ impl ResponsesRequest {
             .map(|i| &*i.raw)
     }
 
+    /// Whether the input ends in `{"type":"compaction_trigger"}`: the client asks for a
+    /// compaction of everything before it.
+    pub fn ends_in_trigger(&self) -> bool {
+        self.items
+            .last()
+            .is_some_and(|i| i.kind == ItemKind::CompactionTrigger)
+    }
+
+    /// The body without its compaction triggers: the conversation they ask to compact.
+    pub fn without_triggers(&self) -> Vec<u8> {
+        self.with_input(
+            self.items
+                .iter()
+                .filter(|i| i.kind != ItemKind::CompactionTrigger)
+                .map(|i| &*i.raw),
+        )
+    }
+
+    /// Index and `encrypted_content` of each `compaction` item that Compactor minted
+    /// ([`super::sealed::Sealer::is_ours`]); other providers' items are not listed.
+    pub fn minted_compactions(&self) -> Vec<(usize, String)> {
+        self.items
+            .iter()
+            .enumerate()
+            .filter(|(_, item)| item.kind == ItemKind::Compaction)
+            .filter_map(|(index, item)| {
+                let value: Value = serde_json::from_str(item.raw.get()).ok()?;
+                let content = value.get("encrypted_content")?.as_str()?;
+                super::sealed::Sealer::is_ours(content).then(|| (index, content.to_string()))
+            })
+            .collect()
+    }
+
+    /// The body with the items at the given indices replaced.
+    pub fn with_items_replaced(&self, replacements: &[(usize, Box<RawValue>)]) -> Vec<u8> {
+        self.with_input(self.items.iter().enumerate().map(|(index, item)| {
+            replacements
+                .iter()
+                .find(|(at, _)| *at == index)
+                .map_or(&*item.raw, |(_, raw)| &**raw)
+        }))
+    }
+
     fn text(&self, index: usize) -> Option<(String, String)> {
         items::readable(&self.items[index])
     }
@@ -321,21 +364,9 @@ mod tests {
 
     fn checkpoint(covered: usize) -> Checkpoint {
         Checkpoint {
-            id: "c1".into(),
-            tenant: String::new(),
-            anchor: String::new(),
-            covered,
-            prefix_hash: String::new(),
-            pinned_user: None,
             truncations: vec![],
             summary: "S".into(),
-            files_read: vec![],
-            files_modified: vec![],
-            tokens_before: 0,
-            tokens_after: 0,
-            created_ms: 0,
-            model: "m".into(),
-            ahead_of_time: false,
+            ..crate::store::contract::sample("a", covered, 0)
         }
     }
 
