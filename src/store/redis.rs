@@ -190,10 +190,10 @@ impl CheckpointStore for RedisStore {
         let bodies = s
             .call("for_anchor", |mut m| async move {
                 let bodies = layout::conversation(&mut m, anchor).await?;
-                if bodies.is_empty()
-                    && s.legacy.load(Ordering::SeqCst)
-                    && layout::migrate(&mut m, &s.scripts, anchor, s.ttl).await?
-                {
+                if bodies.is_empty() && s.legacy.load(Ordering::SeqCst) {
+                    // Moved here, or by the background move between the two reads: a move
+                    // writes the new layout before it deletes the old, so reading again finds it.
+                    layout::migrate(&mut m, &s.scripts, anchor, s.ttl).await?;
                     return layout::conversation(&mut m, anchor).await;
                 }
                 Ok(bodies)
@@ -223,7 +223,12 @@ impl CheckpointStore for RedisStore {
             .call("get", |mut m| async move {
                 match layout::checkpoint(&mut m, id).await? {
                     None if s.legacy.load(Ordering::SeqCst) => {
-                        layout::legacy::checkpoint(&mut m, id).await
+                        match layout::legacy::checkpoint(&mut m, id).await? {
+                            // The background move may have taken it between the two reads; it
+                            // writes the new layout before deleting the old one.
+                            None => layout::checkpoint(&mut m, id).await,
+                            found => Ok(found),
+                        }
                     }
                     found => Ok(found),
                 }
