@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # End-to-end scenarios: real clients, through Compactor, to a real model (llama-server).
 #
-#   scripts/e2e.sh                    the default scenarios: python node pi aider (anthropic,
-#                                     claude, codex and responses run when named)
+#   scripts/e2e.sh                    every scenario, grouped by window: python node anthropic
+#                                     responses (2048), pi aider claude codex (4096)
 #   scripts/e2e.sh python pi          only these
 #   scripts/e2e.sh setup              only install the clients, the server and the model
 #
@@ -60,7 +60,7 @@ RELAY_PORT="${E2E_RELAY_PORT:-$((PORT + 2))}"
 setup_only=false
 if [[ "${1:-}" == setup ]]; then setup_only=true; shift; fi
 scenarios=("$@")
-[[ ${#scenarios[@]} -gt 0 ]] || scenarios=(python node pi aider)
+[[ ${#scenarios[@]} -gt 0 ]] || scenarios=(python node anthropic responses pi aider claude codex)
 for s in "${scenarios[@]}"; do
   case "$s" in python|node|pi|aider|anthropic|claude|codex|responses) ;;
     *) echo "unknown scenario $s (python node pi aider anthropic claude codex responses)" >&2; exit 2 ;;
@@ -188,6 +188,20 @@ start_stack() { # window
   export E2E_WINDOW="$window"
 }
 
+# A summary written ahead of time for one scenario's last turn may still be running when the
+# next scenario starts on the same proxy, and the scenarios count the summaries in its log: each
+# starts once the proxy writes none.
+wait_until_no_summary_in_progress() {
+  local i metrics
+  for i in $(seq "$TIMEOUT"); do
+    metrics="$("$PYTHON" -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:$PORT/metrics', timeout=5).read().decode())" 2>/dev/null || true)"
+    grep -qE '^compactor_summaries_in_progress 0$' <<<"$metrics" && return 0
+    sleep 1
+  done
+  say "summaries still in progress after ${TIMEOUT}s"
+  return 1
+}
+
 # ---- scenarios -----------------------------------------------------------------------------
 export E2E_MODEL="$MODEL" E2E_ADMIN_TOKEN="$ADMIN_TOKEN" E2E_LOG_DIR="$LOGS"
 export E2E_PYTHON="$CACHE/venv/bin/python"
@@ -206,6 +220,8 @@ for s in "${scenarios[@]}"; do
     stop_stack
     start_stack "$window"
     current_window="$window"
+  else
+    wait_until_no_summary_in_progress
   fi
   case "$s" in
     python) cmd=("$CACHE/venv/bin/python" "$root/tests/e2e/scenario_openai_python.py") ;;

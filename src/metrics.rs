@@ -5,6 +5,7 @@
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
@@ -47,6 +48,7 @@ pub struct Metrics {
     pub compactions: Family<TriggerLabel, Counter>,
     pub compaction_failures: Counter,
     pub summary_seconds: Histogram,
+    pub summaries_in_progress: Gauge,
     pub tokens_saved: Counter,
     pub checkpoint_lookups: Family<ResultLabel, Counter>,
     pub ready_checkpoints_used: Counter,
@@ -94,6 +96,12 @@ impl Default for Metrics {
             "Time to write one summary",
             summary_seconds.clone(),
         );
+        let summaries_in_progress = Gauge::default();
+        registry.register(
+            "summaries_in_progress",
+            "Summaries being written now, for requests or ahead of time",
+            summaries_in_progress.clone(),
+        );
         let tokens_saved = Counter::default();
         registry.register(
             "tokens_saved",
@@ -138,6 +146,7 @@ impl Default for Metrics {
             compactions,
             compaction_failures,
             summary_seconds,
+            summaries_in_progress,
             tokens_saved,
             checkpoint_lookups,
             ready_checkpoints_used,
@@ -165,5 +174,22 @@ impl Metrics {
             tracing::warn!(error = %e, "Encoding metrics failed.");
         }
         out
+    }
+}
+
+/// Counts one unit in a gauge for as long as it lives, however its holder ends (done, failed,
+/// timed out or dropped).
+pub struct GaugeHeld(Gauge);
+
+impl GaugeHeld {
+    pub fn hold(gauge: &Gauge) -> GaugeHeld {
+        gauge.inc();
+        GaugeHeld(gauge.clone())
+    }
+}
+
+impl Drop for GaugeHeld {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }

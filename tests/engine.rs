@@ -89,6 +89,7 @@ struct Setup {
     engine: Arc<Engine>,
     summarizer: Arc<Canned>,
     store: Arc<MemoryStore>,
+    metrics: Arc<Metrics>,
 }
 
 fn setup(
@@ -109,6 +110,7 @@ fn setup(
     let summarizer = Canned::new(behaviour);
     let store = Arc::new(MemoryStore::default());
     let windows = BTreeMap::from([(MODEL.to_string(), WINDOW)]);
+    let metrics = Arc::new(Metrics::default());
     let engine = Arc::new(Engine::new(
         config,
         summarizer_config,
@@ -116,12 +118,13 @@ fn setup(
         Meter::new(10_000),
         WindowTable::new(&windows, 128_000),
         summarizer.clone(),
-        Arc::new(Metrics::default()),
+        metrics.clone(),
     ));
     Setup {
         engine,
         summarizer,
         store,
+        metrics,
     }
 }
 
@@ -304,6 +307,11 @@ async fn a_hanging_summarizer_times_out_and_the_request_is_served() {
     assert!(
         prepared.outcome.compacted,
         "served with its oldest turns dropped"
+    );
+    assert_eq!(
+        setup.metrics.summaries_in_progress.get(),
+        0,
+        "a summary that timed out is no longer counted as in progress"
     );
 }
 
@@ -534,6 +542,11 @@ async fn a_client_that_gives_up_mid_summary_does_not_stall_its_conversation() {
     let gave_up = tokio::time::timeout(Duration::from_secs(2), prepare(&setup, &messages)).await;
     assert!(gave_up.is_err());
     assert_eq!(setup.summarizer.calls(), 1);
+    assert_eq!(
+        setup.metrics.summaries_in_progress.get(),
+        1,
+        "the summary goes on without its client"
+    );
     // The next request of the conversation gets that summary once it is written, 8 s later.
     let started = tokio::time::Instant::now();
     let next = prepare(&setup, &messages).await;
@@ -554,6 +567,7 @@ async fn a_client_that_gives_up_mid_summary_does_not_stall_its_conversation() {
         .contains("summary number 1"));
     assert_eq!(setup.summarizer.calls(), 1);
     assert_eq!(checkpoints(&setup).await, 1);
+    assert_eq!(setup.metrics.summaries_in_progress.get(), 0);
 }
 
 #[tokio::test(start_paused = true)]

@@ -61,6 +61,17 @@ impl Engine {
         facts: ModelFacts,
     ) -> Conversation {
         let measured = self.meter.measure(request.as_ref());
+        self.identify_measured(context, request, facts, measured)
+    }
+
+    /// [`Engine::identify`] of a request this engine's meter has just measured.
+    pub(super) fn identify_measured(
+        &self,
+        context: &RequestContext,
+        request: &Arc<dyn WireRequest>,
+        facts: ModelFacts,
+        measured: Measured,
+    ) -> Conversation {
         let chain = identity::chain(
             &context.tenant,
             measured.elements.iter().map(|m| m.canonical),

@@ -44,7 +44,7 @@ use crate::config::{CompactionConfig, SummarizerConfig};
 use crate::dialect::WireRequest;
 use crate::identity::Hash;
 use crate::measure::overflow::Overflow;
-use crate::measure::{calibration, windows::WindowTable, Encoding, Meter};
+use crate::measure::{calibration, windows::WindowTable, Encoding, Measured, Meter};
 use crate::metrics::Metrics;
 use crate::store::{CheckpointStore, ModelFacts};
 
@@ -287,8 +287,22 @@ impl Engine {
         request: &Arc<dyn WireRequest>,
         overflow: Option<Overflow>,
     ) -> Result<Prepared, CannotFit> {
+        let measured = self.meter.measure(request.as_ref());
+        self.prepare_measured(context, request, measured, overflow)
+            .await
+    }
+
+    /// [`Engine::prepare`] of a request already measured with [`Engine::meter`]: the proxy
+    /// counts a large body on the blocking pool first, and need not hash it all again.
+    pub async fn prepare_measured(
+        self: &Arc<Self>,
+        context: &RequestContext,
+        request: &Arc<dyn WireRequest>,
+        measured: Measured,
+        overflow: Option<Overflow>,
+    ) -> Result<Prepared, CannotFit> {
         let (facts, facts_degraded) = self.model_facts(request.model()).await;
-        let conversation = self.identify(context, request, facts);
+        let conversation = self.identify_measured(context, request, facts, measured);
         let mut outcome = self.measure(&conversation, facts_degraded);
         if !self.config.enabled || context.mode == Mode::Off || conversation.anchor.is_none() {
             return Ok(Prepared {

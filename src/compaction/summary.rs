@@ -10,6 +10,7 @@ use tokio::time::Instant;
 use crate::dialect::SummaryRequest;
 use crate::identity;
 use crate::measure::{calibration, Encoding, REPLY_PRIMING};
+use crate::metrics::GaugeHeld;
 use crate::request::{MessageView, Role};
 use crate::store::Checkpoint;
 
@@ -185,6 +186,7 @@ impl Engine {
             .map(|&i| (request.role(i), request.view(i)))
             .collect();
         let started = Instant::now();
+        let _in_progress = GaugeHeld::hold(&self.metrics.summaries_in_progress);
         let timeout = Duration::from_millis(self.config.summary_timeout_ms);
         let summary = tokio::time::timeout(
             timeout,

@@ -136,7 +136,8 @@ async fn compact_whole(
 ) -> Result<(Checkpoint, Value), ApiError> {
     let conversation: Arc<dyn WireRequest> =
         Arc::new(ResponsesRequest::parse(&request.without_triggers())?);
-    measure_on_blocking_pool(app, &conversation).await;
+    // Counted off the async workers; the engine finds the counts in the meter's cache.
+    measure_on_blocking_pool(app, &conversation).await?;
     let context = RequestContext {
         tenant: tenant.seed,
         credentials: credential_headers(headers),
