@@ -419,6 +419,7 @@ fn finish(
         tokens_sent = outcome.tokens_after,
         compacted = outcome.compacted,
         upstream_ms = timing.upstream.as_millis() as u64,
+        summary_ms = outcome.summary_time.as_millis() as u64,
         overhead_ms = overhead.as_secs_f64() * 1000.0,
         "Served a {} request.",
         target.dialect.name()

@@ -130,6 +130,8 @@ def main() -> int:
         "history_tokens": max_prompt,
         "window": args.window,
         "seconds": args.seconds,
+        "summary_waits_ms": summaries,
+        "overhead_median_ms": round(overheads[len(overheads) // 2], 1) if overheads else None,
     }
     if ok:
         print("E2E_RESULT " + json.dumps(result), flush=True)
