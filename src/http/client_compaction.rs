@@ -22,7 +22,7 @@ use bytes::Bytes;
 use http::{HeaderMap, Method, Uri};
 use serde_json::Value;
 
-use super::measured::measure_on_blocking_pool;
+use super::counting::measure_on_blocking_pool;
 use super::request_headers::{instructions, refuse_encoded_body};
 use super::{credential_headers, set, tenant::Tenant, ApiError, App};
 use crate::compaction::rewrite::summary_text;

@@ -15,6 +15,7 @@ use futures::StreamExt;
 use http::{HeaderMap, Method};
 
 use super::client_compaction::{self, Intercepted};
+use super::counting::{measure, measure_on_blocking_pool};
 use super::log::Escaped;
 use super::request_headers::{instructions, refuse_encoded_body};
 use super::{
@@ -23,7 +24,6 @@ use super::{
 use crate::compaction::{Mode, Outcome, Prepared, RequestContext};
 use crate::dialect::{Dialect, WireRequest};
 use crate::measure::overflow::Overflow;
-use crate::measure::{Cancel, Measured};
 use crate::metrics::{RequestLabels, Route};
 use crate::upstream::{self, Upstream, UpstreamResponse};
 
@@ -316,50 +316,6 @@ fn is_sse(headers: &HeaderMap) -> bool {
         .get(http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/event-stream"))
-}
-
-/// Bodies up to this size are counted on the async worker that has them. Counting is linear
-/// in the text, so that is a fraction of a millisecond (a few at worst, for a run without
-/// whitespace), less than the thread hand-offs of the blocking pool cost the small requests
-/// most clients send.
-const COUNT_INLINE_MAX_BYTES: usize = 4 * 1024;
-
-/// Counts the request's tokens, a large body on the blocking pool: it never holds up the async
-/// workers (health checks, other clients), and the count stops when the client leaves (this
-/// future is dropped). Counts land in the meter's cache either way.
-pub(super) async fn measure(
-    app: &App,
-    request: &Arc<dyn WireRequest>,
-    body_bytes: usize,
-) -> Result<Measured, ApiError> {
-    if body_bytes <= COUNT_INLINE_MAX_BYTES {
-        return Ok(app.engine.meter().measure(request.as_ref()));
-    }
-    measure_on_blocking_pool(app, request).await
-}
-
-/// Counts the request's tokens on the blocking pool, cancelled when this future is dropped.
-pub(super) async fn measure_on_blocking_pool(
-    app: &App,
-    request: &Arc<dyn WireRequest>,
-) -> Result<Measured, ApiError> {
-    let cancel = Cancel::default();
-    let _cancel_when_dropped = cancel.on_drop();
-    let (meter, request) = (app.engine.meter().clone(), request.clone());
-    let counted =
-        tokio::task::spawn_blocking(move || meter.measure_cancellable(request.as_ref(), &cancel))
-            .await;
-    match counted {
-        Ok(Some(measured)) => Ok(measured),
-        // Cancelled: only when this future is dropped, so nobody reads this.
-        Ok(None) => Err(ApiError::Internal("the count was cancelled".into())),
-        Err(e) => {
-            tracing::warn!(error = %e, "Counting tokens on the blocking pool failed.");
-            Err(ApiError::Internal(
-                "counting the request's tokens failed".into(),
-            ))
-        }
-    }
 }
 
 async fn send_timed(

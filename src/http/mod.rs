@@ -3,6 +3,7 @@
 //! pass-through for everything else under `/v1/`, health, metrics and the checkpoint API.
 
 pub mod client_compaction;
+mod counting;
 pub mod error;
 pub mod gateway_keys;
 pub mod limits;
