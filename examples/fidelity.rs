@@ -46,7 +46,7 @@ struct Args {
     wording: String,
     /// How a chunk's summary is carried into the next: `rewrite` (the model rewrites it with the
     /// next chunk) or `append` (each chunk summarized alone, the texts joined).
-    #[arg(long, default_value = "rewrite", value_parser = ["rewrite", "append"])]
+    #[arg(long, default_value = "append", value_parser = ["rewrite", "append"])]
     carry: String,
     /// Transcript tokens per summary request (default: what fits the window beside the prompt,
     /// the previous summary and the answer).

@@ -422,8 +422,16 @@ impl Engine {
         let mut folded = 0;
         // The model sees and rewrites only its own text; the record is carried by code.
         let mut running = previous.map(|p| record::split(p).0.to_string());
-        let style = summarize::Style::default();
+        // The chunks of one span are each summarized alone and joined (`Carry::Append`, measured
+        // best with a small model); a summary from before this span, an earlier checkpoint's or
+        // the progress of a fold cut short, is given to the model with the first chunk to update.
+        let chunk_style = summarize::Style::default();
+        let update_style = summarize::Style {
+            carry: summarize::Carry::Rewrite,
+            ..chunk_style
+        };
         for (n, (chunk, entries_in_chunk)) in chunks.into_iter().enumerate() {
+            let style = if n == 0 { update_style } else { chunk_style };
             let user = summarize::user_prompt(
                 style,
                 running.as_deref(),
