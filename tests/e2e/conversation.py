@@ -40,6 +40,51 @@ QUESTIONS = [
 ]
 
 
+class Progress:
+    """What the `x-compactor-*` headers of a scenario's turns showed so far: the checkpoints
+    seen (in order), the model's window, and the largest history the proxy measured."""
+
+    def __init__(self) -> None:
+        self.checkpoints: list[str] = []
+        self.window: int | None = None
+        self.max_before = 0
+
+    def record(self, turn: int, headers) -> dict:
+        """One turn's headers; raises ValueError when there are none or the compaction failed."""
+        compacted = headers.get("x-compactor-compacted")
+        if compacted is None:
+            raise ValueError(f"turn {turn + 1}: no x-compactor-* headers: is COMPACTOR_URL the proxy?")
+        before = int(headers.get("x-compactor-tokens-before", "0"))
+        self.window = int(headers.get("x-compactor-context-window", "0")) or self.window
+        self.max_before = max(self.max_before, before)
+        checkpoint = headers.get("x-compactor-checkpoint")
+        new = checkpoint is not None and checkpoint not in self.checkpoints
+        if new:
+            self.checkpoints.append(checkpoint)
+        status = headers.get("x-compactor-compaction", "")
+        seen = {"compacted": compacted, "before": before, "window": self.window,
+                "after": headers.get("x-compactor-tokens-after"), "checkpoint": checkpoint,
+                "new": new, "status": status}
+        if status.startswith("failed"):
+            raise ValueError(f"turn {turn + 1}: compaction failed: {status} ({describe(seen)})")
+        return seen
+
+    def reached(self, history_factor: float, min_compactions: int) -> bool:
+        return bool(self.window) and self.max_before >= history_factor * self.window \
+            and len(self.checkpoints) >= min_compactions
+
+    def gave_up(self, max_turns: int) -> str:
+        return (f"gave up after {max_turns} turns: history {self.max_before} tokens "
+                f"(window {self.window}), {len(self.checkpoints)} compactions")
+
+
+def describe(seen: dict) -> str:
+    """A turn's headers as one log fragment."""
+    return (f"compacted={seen['compacted']} before={seen['before']} after={seen['after']} "
+            f"window={seen['window']} checkpoint={seen['checkpoint'] or '-'}"
+            f"{' NEW' if seen['new'] else ''}{' status=' + seen['status'] if seen['status'] else ''}")
+
+
 def source_file(turn: int) -> tuple[str, str]:
     path, cls, field = MODULES[turn % len(MODULES)]
     version = turn // len(MODULES) + 1

@@ -127,8 +127,8 @@ def main() -> int:
     client = anthropic.Anthropic(base_url=ROOT, api_key=API_KEY, timeout=600, max_retries=0)
     messages: list[dict] = []
     in_progress: dict[str, list[dict]] = {}
-    checkpoints: list[str] = []
-    window, max_before, turn = None, 0, 0
+    progress = conversation.Progress()
+    turn = 0
     for turn in range(MAX_TURNS):
         if messages:
             messages[-1] = without_cache_marker(messages[-1])
@@ -147,29 +147,17 @@ def main() -> int:
             log(f"turn {turn + 1}: the reply has no stop_reason")
             return 1
         messages.append({"role": "assistant", "content": [{"type": "text", "text": text or "(no answer)"}]})
-        if headers.get("x-compactor-compacted") is None:
-            log(f"turn {turn + 1}: no x-compactor-* headers: is COMPACTOR_URL the proxy?")
+        try:
+            seen = progress.record(turn, headers)
+        except ValueError as e:
+            log(str(e))
             return 1
-        before = int(headers.get("x-compactor-tokens-before", "0"))
-        window = int(headers.get("x-compactor-context-window", "0")) or window
-        checkpoint = headers.get("x-compactor-checkpoint")
-        status = headers.get("x-compactor-compaction", "")
-        max_before = max(max_before, before)
-        new = checkpoint is not None and checkpoint not in checkpoints
-        if new:
-            checkpoints.append(checkpoint)
         log(f"turn {turn + 1:>2} {'stream' if stream else 'plain '} {time.monotonic() - t0:5.1f}s "
-            f"compacted={headers.get('x-compactor-compacted')} before={before} "
-            f"after={headers.get('x-compactor-tokens-after')} checkpoint={checkpoint or '-'}"
-            f"{' NEW' if new else ''}{' status=' + status if status else ''} reply={text[:50]!r}")
-        if status.startswith("failed"):
-            log(f"turn {turn + 1}: compaction failed: {status}")
-            return 1
-        if window and max_before >= HISTORY_FACTOR * window and len(checkpoints) >= MIN_COMPACTIONS:
+            f"{conversation.describe(seen)} reply={text[:50]!r}")
+        if progress.reached(HISTORY_FACTOR, MIN_COMPACTIONS):
             break
     else:
-        log(f"gave up after {MAX_TURNS} turns: history {max_before} tokens (window {window}), "
-            f"{len(checkpoints)} compactions")
+        log(progress.gave_up(MAX_TURNS))
         return 1
 
     forwarded = []
@@ -202,9 +190,9 @@ def main() -> int:
     result = {
         "scenario": "anthropic-python",
         "turns": turn + 1,
-        "compactions": len(checkpoints),
-        "history_tokens": max_before,
-        "window": window,
+        "compactions": len(progress.checkpoints),
+        "history_tokens": progress.max_before,
+        "window": progress.window,
         "seconds": round(time.monotonic() - started, 1),
     }
     print("E2E_RESULT " + json.dumps(result), flush=True)

@@ -173,9 +173,7 @@ def send(client: openai.OpenAI, history: list[dict], stream: bool):
 
 def part_one(client: openai.OpenAI) -> tuple[list[dict], dict]:
     history = [HEAD]
-    checkpoints: list[str] = []
-    window = None
-    max_before = 0
+    progress = conversation.Progress()
     turn = 0
     for turn in range(MAX_TURNS):
         _, question = conversation.source_file(turn)
@@ -191,43 +189,30 @@ def part_one(client: openai.OpenAI) -> tuple[list[dict], dict]:
         history.append(
             {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text}]}
         )
-        if headers.get("x-compactor-compacted") is None:
-            raise Failed(f"turn {turn + 1}: no x-compactor-* headers: is COMPACTOR_URL the proxy?")
-        before = int(headers.get("x-compactor-tokens-before", "0"))
-        window = int(headers.get("x-compactor-context-window", "0")) or window
-        checkpoint = headers.get("x-compactor-checkpoint")
-        status = headers.get("x-compactor-compaction", "")
-        max_before = max(max_before, before)
-        new = checkpoint is not None and checkpoint not in checkpoints
-        if new:
-            checkpoints.append(checkpoint)
+        try:
+            seen = progress.record(turn, headers)
+        except ValueError as e:
+            raise Failed(str(e))
+        if seen["new"]:
             sent = history[:-1]  # what this request carried
-            covered = fetch_checkpoint(checkpoint)["covered"]
+            covered = fetch_checkpoint(seen["checkpoint"])["covered"]
             if covered < len(sent) and covered not in unit_starts(sent):
                 item = sent[covered]
                 raise Failed(
-                    f"turn {turn + 1}: checkpoint {checkpoint} leaves a broken unit: the kept "
-                    f"part starts at item {covered} ({item.get('type')}), after "
+                    f"turn {turn + 1}: checkpoint {seen['checkpoint']} leaves a broken unit: the "
+                    f"kept part starts at item {covered} ({item.get('type')}), after "
                     f"{sent[covered - 1].get('type')}"
                 )
         log(
             f"turn {turn + 1:>2} {'stream' if stream else 'create'} {time.monotonic() - t0:5.1f}s "
-            f"items={len(history)} compacted={headers.get('x-compactor-compacted')} "
-            f"before={before} after={headers.get('x-compactor-tokens-after')} window={window} "
-            f"checkpoint={checkpoint or '-'}{' NEW' if new else ''}"
-            f"{' status=' + status if status else ''} reply={text[:50]!r}"
+            f"items={len(history)} {conversation.describe(seen)} reply={text[:50]!r}"
         )
-        if status.startswith("failed"):
-            raise Failed(f"turn {turn + 1}: compaction failed: {status}")
-        if window and max_before >= HISTORY_FACTOR * window and len(checkpoints) >= MIN_COMPACTIONS:
+        if progress.reached(HISTORY_FACTOR, MIN_COMPACTIONS):
             break
     else:
-        raise Failed(
-            f"gave up after {MAX_TURNS} turns: history {max_before} tokens (window {window}), "
-            f"{len(checkpoints)} compactions"
-        )
-    return history, {"turns": turn + 1, "compactions": len(checkpoints),
-                     "history_tokens": max_before, "window": window}
+        raise Failed(progress.gave_up(MAX_TURNS))
+    return history, {"turns": turn + 1, "compactions": len(progress.checkpoints),
+                     "history_tokens": progress.max_before, "window": progress.window}
 
 
 def post(api_key: str, path: str, body: dict) -> tuple[int, dict, dict]:
