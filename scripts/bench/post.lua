@@ -1,6 +1,9 @@
 -- wrk script: POST a fixed JSON body (read from the file named by BENCH_BODY_FILE, API key from
 -- BENCH_KEY) and print a one-line JSON summary at the end, for scripts/bench/run.py. With
--- BENCH_DELAY_MS set, each connection waits that long after each answer (a fixed request rate).
+-- BENCH_DELAY_MS set, each connection waits that long on average after each answer (a fixed
+-- request rate). The waits are drawn at random (exponentially distributed): equal waits keep the
+-- connections in step, so their requests would arrive together as one burst per period, and the
+-- median would measure where a request falls in the proxy's queue for that burst.
 local f = assert(io.open(os.getenv("BENCH_BODY_FILE"), "rb"))
 wrk.method = "POST"
 wrk.body = f:read("*a")
@@ -10,8 +13,9 @@ wrk.headers["Authorization"] = "Bearer " .. os.getenv("BENCH_KEY")
 
 local pause = tonumber(os.getenv("BENCH_DELAY_MS") or "")
 if pause then
+  math.randomseed(os.time())
   function delay()
-    return pause
+    return -pause * math.log(1 - math.random())
   end
 end
 

@@ -189,10 +189,11 @@ def run_oha(oha, url, body_file, rate, seconds, conns, cpus):
 
 
 def run_wrk_paced(url, body_file, rate, seconds, conns, cpus):
-    """The fixed-rate run without oha: wrk, each connection waiting conns/rate seconds after each
-    answer before its next request (post.lua's `delay`). A closed loop: a slow answer delays the
-    requests behind it instead of being charged for them as oha's latency correction does, so
-    its tail figures understate what oha would report."""
+    """The fixed-rate run without oha: wrk, each connection waiting conns/rate seconds on average
+    (exponentially distributed, so the connections do not fall into step and arrive as bursts)
+    after each answer before its next request (post.lua's `delay`). A closed loop: a slow answer
+    delays the requests behind it instead of being charged for them as oha's latency correction
+    does, so its tail figures understate what oha would report."""
     j = run_wrk(url, body_file, seconds, conns, 1, cpus, delay_ms=max(1, round(conns * 1000 / rate)))
     total = j["requests"] + j["connect_errors"] + j["read_errors"] + j["write_errors"] + j["timeouts"]
     ok = j["requests"] - j["status_errors"]
@@ -922,9 +923,9 @@ def report(env, results, extra):
              f"`usage.prompt_tokens: 0` (unknown), so that no fixed figure calibrates Compactor's token counter.")
     L.append(f"- Small request: `{json.dumps(SMALL)}` ({len(clients.json_body(SMALL))} B)")
     fixed = (f"oha `-q RATE -c {env.oha_conns} --latency-correction`" if env.oha else
-             f"wrk `-t1 -c{env.oha_conns}`, each connection pausing {env.oha_conns}/RATE s after each "
-             f"answer (oha was not available: a closed loop without latency correction, so its p90/p99 "
-             f"are not comparable with oha's open-loop figures; p50 is)")
+             f"wrk `-t1 -c{env.oha_conns}`, each connection pausing {env.oha_conns}/RATE s on average "
+             f"(exponentially distributed) after each answer (oha was not available: a closed loop "
+             f"without latency correction, so its figures are not comparable with oha's open-loop ones)")
     L.append(f"- Fixed rates: {fixed}; saturation: wrk "
              f"`-t{env.wrk_threads} -c{env.wrk_conns}`; each {env.rounds} rounds of {env.seconds} s per "
              f"system, the systems interleaved (every round runs each system once, in rotating order); "
