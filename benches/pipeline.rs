@@ -150,7 +150,7 @@ fn identify_plan_rewrite(c: &mut Criterion) {
                 tokens_before: 0,
                 tokens_after: 0,
                 created_ms: 0,
-                model: request.model.clone(),
+                model: request.settings.model.clone(),
                 ahead_of_time: false,
             };
             let text = summary_text(&checkpoint.summary, &[], &[]);

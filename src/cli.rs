@@ -135,11 +135,12 @@ pub async fn run_tool(command: Command) -> Result<(), String> {
             }
             let total = measured.total();
             let (window, _) = WindowTable::new(&config.windows, config.default_window)
-                .window(&request.model, None);
-            let estimated = calibration::apply(total, calibration::initial_factor(&request.model));
+                .window(&request.settings.model, None);
+            let estimated =
+                calibration::apply(total, calibration::initial_factor(&request.settings.model));
             println!(
                 "total {total} tokens ({:?} encoding), model {}",
-                measured.encoding, request.model
+                measured.encoding, request.settings.model
             );
             if estimated != total {
                 println!("estimated for this model's tokenizer: {estimated} tokens");
@@ -168,7 +169,9 @@ pub async fn run_tool(command: Command) -> Result<(), String> {
             let body = read_input(&file)?;
             let request = ChatRequest::parse(&body).map_err(|e| e.to_string())?;
             if let Some(w) = window {
-                config.windows.insert(request.model.to_ascii_lowercase(), w);
+                config
+                    .windows
+                    .insert(request.settings.model.to_ascii_lowercase(), w);
             }
             config.compaction.ahead_of_time = false;
             let app = crate::server::build(&config).await?;

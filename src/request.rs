@@ -4,6 +4,7 @@
 //! Messages and `tools` are never re-serialized: the rewritten body splices their original bytes,
 //! so what the client sent reaches the provider byte for byte.
 
+use crate::dialect::CallSettings;
 use std::borrow::Cow;
 use std::sync::OnceLock;
 
@@ -118,11 +119,9 @@ pub struct Message {
 pub struct ChatRequest {
     /// Top-level fields in arrival order, values untouched.
     fields: IndexMap<String, Box<RawValue>>,
-    pub model: String,
+    /// `max_output_tokens` is `max_completion_tokens`, else `max_tokens`.
+    pub settings: CallSettings,
     pub messages: Vec<Message>,
-    pub stream: bool,
-    /// `max_completion_tokens`, else `max_tokens`.
-    pub max_output_tokens: Option<u64>,
     /// Whether the client itself asked for `stream_options.include_usage`.
     pub client_wants_usage: bool,
 }
@@ -304,12 +303,14 @@ impl ChatRequest {
             .and_then(|v| v.get("include_usage").and_then(|b| b.as_bool()))
             .unwrap_or(false);
         Ok(ChatRequest {
-            model,
-            stream: bool_field("stream"),
-            // Bounded so budget arithmetic cannot wrap; no model writes more in one answer.
-            max_output_tokens: number_field("max_completion_tokens")
-                .or_else(|| number_field("max_tokens"))
-                .map(|n| n.min(MAX_OUTPUT_TOKENS)),
+            settings: CallSettings {
+                model,
+                stream: bool_field("stream"),
+                // Bounded so budget arithmetic cannot wrap; no model writes more in one answer.
+                max_output_tokens: number_field("max_completion_tokens")
+                    .or_else(|| number_field("max_tokens"))
+                    .map(|n| n.min(MAX_OUTPUT_TOKENS)),
+            },
             client_wants_usage,
             messages,
             fields,

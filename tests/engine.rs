@@ -590,7 +590,7 @@ async fn the_largest_output_budget_is_refused_without_wrapping() {
     // A short conversation and one over the window; each asks for u64::MAX output tokens.
     for messages in [session(3), session(40)] {
         let mut chat = chat_request(&messages);
-        chat.max_output_tokens = Some(u64::MAX);
+        chat.settings.max_output_tokens = Some(u64::MAX);
         let request: Arc<dyn WireRequest> = Arc::new(chat);
         let refused = prepare_as(&setup, &context(), &request).await;
         let CannotFit { needed, window } = refused.err().expect("no window holds that answer");

@@ -696,7 +696,8 @@ async fn shared_conversations_are_accepted_and_counted() {
         let bytes = std::fs::read(file).unwrap();
         let request = ChatRequest::parse(&bytes).unwrap_or_else(|e| panic!("{file:?}: {e}"));
         let total = Meter::new(1024).measure(&request).total();
-        let expected = calibration::apply(total, calibration::initial_factor(&request.model));
+        let expected =
+            calibration::apply(total, calibration::initial_factor(&request.settings.model));
         // A fresh proxy per file: learned calibration from earlier answers must not interfere.
         let proxy = start_proxy(config(&mock.url())).await;
         let response = client()

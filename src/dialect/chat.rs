@@ -5,6 +5,7 @@
 //! wherever they stand); `tools` (and legacy `functions`) are the rest of the head. Errors are
 //! OpenAI's `{"error": {"message", "type", "param", "code"}}`.
 
+use crate::dialect::CallSettings;
 use serde_json::json;
 
 use crate::compaction::{rewrite, summarize};
@@ -105,16 +106,8 @@ impl WireRequest for ChatRequest {
         "chat"
     }
 
-    fn model(&self) -> &str {
-        &self.model
-    }
-
-    fn stream(&self) -> bool {
-        self.stream
-    }
-
-    fn max_output_tokens(&self) -> Option<u64> {
-        self.max_output_tokens
+    fn settings(&self) -> &CallSettings {
+        &self.settings
     }
 
     fn len(&self) -> usize {
@@ -166,7 +159,7 @@ impl WireRequest for ChatRequest {
     }
 
     fn usage_needs_asking(&self) -> bool {
-        self.stream && !self.client_wants_usage
+        self.settings.stream && !self.client_wants_usage
     }
 
     fn original_body(&self, force_usage: bool) -> Vec<u8> {

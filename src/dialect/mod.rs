@@ -94,6 +94,15 @@ pub trait Dialect: Send + Sync + 'static {
     fn summary_answer(&self, body: &[u8]) -> Result<String, AnswerError>;
 }
 
+/// What a request asks of the call besides its conversation: the fields every dialect has, under
+/// its own names (Messages' `max_tokens` is `max_output_tokens` here).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CallSettings {
+    pub model: String,
+    pub stream: bool,
+    pub max_output_tokens: Option<u64>,
+}
+
 /// One parsed request of some dialect: the conversation as elements, and how to write it back.
 /// The engine takes it as `Arc<dyn WireRequest>`, so a summary made ahead of time can keep it.
 ///
@@ -103,12 +112,20 @@ pub trait Dialect: Send + Sync + 'static {
 pub trait WireRequest: Send + Sync {
     /// The dialect's [`Dialect::name`]: elements of different formats never share a cache entry.
     fn dialect(&self) -> &'static str;
+    /// What the request asks of the call, apart from the conversation.
+    fn settings(&self) -> &CallSettings;
     /// The model asked for.
-    fn model(&self) -> &str;
+    fn model(&self) -> &str {
+        &self.settings().model
+    }
     /// Whether the client asked for a streamed answer.
-    fn stream(&self) -> bool;
+    fn stream(&self) -> bool {
+        self.settings().stream
+    }
     /// The output budget the client asked for, if it did.
-    fn max_output_tokens(&self) -> Option<u64>;
+    fn max_output_tokens(&self) -> Option<u64> {
+        self.settings().max_output_tokens
+    }
 
     /// Number of elements.
     fn len(&self) -> usize;

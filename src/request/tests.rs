@@ -4,7 +4,7 @@ use super::*;
 fn keeps_unknown_fields_and_bytes() {
     let body = br#"{"model":"gpt-4o","zeta":{"b":1,"a":[1.50,2]},"messages":[{"role":"user","content":"hi",  "x":1}],"stream":true}"#;
     let req = ChatRequest::parse(body).unwrap();
-    assert!(req.stream);
+    assert!(req.settings.stream);
     assert_eq!(req.original_body(false), body.to_vec());
 }
 
@@ -70,7 +70,7 @@ fn reads_tool_calls_and_parts() {
           {"role":"tool","tool_call_id":"c1","content":"fn main"}]}"#,
     )
     .unwrap();
-    assert_eq!(req.max_output_tokens, Some(50));
+    assert_eq!(req.settings.max_output_tokens, Some(50));
     assert_eq!(req.messages[0].view().media_parts, 1);
     assert_eq!(req.messages[0].view().text, "look");
     assert_eq!(req.messages[1].view().tool_calls[0].name, "read");

@@ -13,6 +13,7 @@
 pub mod parse;
 pub mod wire;
 
+use crate::dialect::CallSettings;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
@@ -115,16 +116,8 @@ impl WireRequest for MessagesRequest {
         "messages"
     }
 
-    fn model(&self) -> &str {
-        &self.model
-    }
-
-    fn stream(&self) -> bool {
-        self.stream
-    }
-
-    fn max_output_tokens(&self) -> Option<u64> {
-        self.max_tokens
+    fn settings(&self) -> &CallSettings {
+        &self.settings
     }
 
     fn len(&self) -> usize {
@@ -196,7 +189,8 @@ impl WireRequest for MessagesRequest {
     /// Claude Code asks for 32,000 or more output tokens whatever the model: taken as it is, that
     /// budget alone would fill a small window, so it is capped at the configured share.
     fn output_reserve(&self, configured: u64) -> u64 {
-        self.max_tokens
+        self.settings
+            .max_output_tokens
             .map_or(configured, |asked| asked.min(configured))
     }
 

@@ -2,6 +2,7 @@
 //! ones survive untouched), each message's original bytes, and what compaction reads from them.
 //! Everything a client can get wrong is found here and reported as a [`RequestError`].
 
+use crate::dialect::CallSettings;
 use indexmap::IndexMap;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
@@ -91,10 +92,9 @@ impl Message {
 pub struct MessagesRequest {
     /// Top-level fields in arrival order, values untouched (`messages` holds a placeholder).
     pub fields: IndexMap<String, Box<RawValue>>,
-    pub model: String,
+    /// `max_output_tokens` is the body's `max_tokens`.
+    pub settings: CallSettings,
     pub messages: Vec<Message>,
-    pub stream: bool,
-    pub max_tokens: Option<u64>,
     /// Extended thinking is on (`thinking.type` `enabled` or `adaptive`): the turn in progress
     /// must then reach the provider unmodified, signatures included.
     pub thinking: bool,
@@ -157,10 +157,12 @@ impl MessagesRequest {
             .is_some_and(|t| t == "enabled" || t == "adaptive");
         Ok(MessagesRequest {
             fields,
-            model,
+            settings: CallSettings {
+                model,
+                stream,
+                max_output_tokens: max_tokens,
+            },
             messages,
-            stream,
-            max_tokens,
             thinking,
         })
     }
@@ -386,7 +388,7 @@ mod tests {
     fn body_keeps_every_other_field_byte_for_byte() {
         let body = r#"{"model":"m","system":[{"type":"text","text":"s","cache_control":{"type":"ephemeral"}}],"messages":[{"role":"user","content":"a"}],"context_management":{"edits":[{"type":"clear_thinking_20251015","keep":"all"}]},"stream":true}"#;
         let req = MessagesRequest::parse(body.as_bytes()).unwrap();
-        assert!(req.stream);
+        assert!(req.settings.stream);
         let out = req.to_body(req.messages.iter().map(|m| &*m.raw));
         assert_eq!(String::from_utf8(out).unwrap(), body);
     }

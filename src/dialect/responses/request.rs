@@ -1,6 +1,7 @@
 //! A parsed `POST /responses` body: top-level fields kept raw in their order, `input` split into
 //! items, and the body written back through a checkpoint.
 
+use crate::dialect::CallSettings;
 use indexmap::IndexMap;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
@@ -23,9 +24,7 @@ pub struct ResponsesRequest {
     fields: IndexMap<String, Box<RawValue>>,
     /// The body exactly as it arrived.
     original: Vec<u8>,
-    model: String,
-    stream: bool,
-    max_output_tokens: Option<u64>,
+    settings: CallSettings,
     pub(super) items: Vec<Item>,
     roles: Vec<Role>,
 }
@@ -64,9 +63,11 @@ impl ResponsesRequest {
         Ok(ResponsesRequest {
             fields,
             original: body.to_vec(),
-            model,
-            stream,
-            max_output_tokens,
+            settings: CallSettings {
+                model,
+                stream,
+                max_output_tokens,
+            },
             items,
             roles,
         })
@@ -210,16 +211,8 @@ impl WireRequest for ResponsesRequest {
         "responses"
     }
 
-    fn model(&self) -> &str {
-        &self.model
-    }
-
-    fn stream(&self) -> bool {
-        self.stream
-    }
-
-    fn max_output_tokens(&self) -> Option<u64> {
-        self.max_output_tokens
+    fn settings(&self) -> &CallSettings {
+        &self.settings
     }
 
     fn len(&self) -> usize {
