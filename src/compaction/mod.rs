@@ -330,13 +330,15 @@ impl Engine {
 
     /// The request through the newest stored checkpoint of its conversation, summarizing
     /// nothing: what the model would be sent now (for the providers' token-counting endpoints).
+    /// `measured` is the request as [`Engine::meter`] counted it.
     pub async fn through_checkpoint(
         self: &Arc<Self>,
         context: &RequestContext,
         request: &Arc<dyn WireRequest>,
+        measured: Measured,
     ) -> Vec<u8> {
         let (facts, _) = self.model_facts(request.model()).await;
-        let conversation = self.identify(context, request, facts);
+        let conversation = self.identify_measured(context, request, facts, measured);
         let mut outcome = Outcome::default();
         let checkpoints = self.stored_checkpoints(&conversation, &mut outcome).await;
         let newest = checkpoints.iter().find(|c| !c.ahead_of_time);
@@ -353,12 +355,24 @@ impl Engine {
         context: &RequestContext,
         request: &Arc<dyn WireRequest>,
     ) -> Result<crate::store::Checkpoint, SummaryError> {
+        let measured = self.meter.measure(request.as_ref());
+        self.compact_whole_measured(context, request, measured)
+            .await
+    }
+
+    /// [`Engine::compact_whole`] of a request already measured with [`Engine::meter`].
+    pub async fn compact_whole_measured(
+        self: &Arc<Self>,
+        context: &RequestContext,
+        request: &Arc<dyn WireRequest>,
+        measured: Measured,
+    ) -> Result<crate::store::Checkpoint, SummaryError> {
         let context = RequestContext {
             mode: Mode::Whole,
             ..context.clone()
         };
         let (facts, _) = self.model_facts(request.model()).await;
-        let conversation = self.identify(&context, request, facts);
+        let conversation = self.identify_measured(&context, request, facts, measured);
         let mut outcome = Outcome::default();
         let checkpoints = self.stored_checkpoints(&conversation, &mut outcome).await;
         if let Some(whole) = checkpoints.iter().find(|c| covers_all(c, &conversation)) {

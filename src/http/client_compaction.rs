@@ -136,8 +136,8 @@ async fn compact_whole(
 ) -> Result<(Checkpoint, Value), ApiError> {
     let conversation: Arc<dyn WireRequest> =
         Arc::new(ResponsesRequest::parse(&request.without_triggers())?);
-    // Counted off the async workers; the engine finds the counts in the meter's cache.
-    measure_on_blocking_pool(app, &conversation).await?;
+    // Counted off the async workers, once: the engine takes the count.
+    let measured = measure_on_blocking_pool(app, &conversation).await?;
     let context = RequestContext {
         tenant: tenant.seed,
         credentials: credential_headers(headers),
@@ -146,7 +146,7 @@ async fn compact_whole(
     };
     let checkpoint = app
         .engine
-        .compact_whole(&context, &conversation)
+        .compact_whole_measured(&context, &conversation, measured)
         .await
         .map_err(|e| match e {
             SummaryError::Nothing | SummaryError::NoReduction => ApiError::BadRequest {

@@ -462,14 +462,17 @@ pub(super) async fn count_through_checkpoint(
             Intercepted::Forward(bytes, _) => bytes,
         };
         let request: Arc<dyn WireRequest> = Arc::from(target.dialect.parse(&bytes)?);
-        // Counted off the async workers; the engine finds the counts in the meter's cache.
-        measure_on_blocking_pool(app, &request).await?;
+        // Counted off the async workers, once: the engine takes the count.
+        let measured = measure_on_blocking_pool(app, &request).await?;
         let context = RequestContext {
             tenant: tenant.seed,
             credentials: credential_headers(headers),
             ..RequestContext::default()
         };
-        let rewritten = app.engine.through_checkpoint(&context, &request).await;
+        let rewritten = app
+            .engine
+            .through_checkpoint(&context, &request, measured)
+            .await;
         forward(&target, headers, rewritten).await
     }
     .await;
