@@ -15,7 +15,8 @@ local pause = tonumber(os.getenv("BENCH_DELAY_MS") or "")
 if pause then
   math.randomseed(os.time())
   function delay()
-    return -pause * math.log(1 - math.random())
+    -- wrk keeps whole milliseconds; adding a uniform [0, 1) before flooring keeps the mean.
+    return math.floor(-pause * math.log(1 - math.random()) + math.random())
   end
 end
 

@@ -39,11 +39,6 @@ def log(msg: str) -> None:
     print(f"[python] {msg}", flush=True)
 
 
-def header(headers, name: str, default=None):
-    value = headers.get(name)
-    return default if value is None else value
-
-
 def fetch_checkpoint(checkpoint_id: str) -> dict:
     root = BASE_URL[: -len("/v1")] if BASE_URL.endswith("/v1") else BASE_URL
     req = urllib.request.Request(
@@ -58,9 +53,7 @@ def main() -> int:
     started = time.monotonic()
     client = openai.OpenAI(base_url=BASE_URL, api_key=API_KEY, timeout=600, max_retries=0)
     messages = [{"role": "system", "content": conversation.SYSTEM}]
-    checkpoints: list[str] = []
-    window = None
-    max_before = 0
+    progress = conversation.Progress()
     turn = 0
     for turn in range(MAX_TURNS):
         messages.append({"role": "user", "content": conversation.user_turn(turn)})
@@ -95,38 +88,20 @@ def main() -> int:
             return 1
         messages.append({"role": "assistant", "content": text})
 
-        compacted = header(headers, "x-compactor-compacted")
-        if compacted is None:
-            log(f"turn {turn + 1}: no x-compactor-* headers: is COMPACTOR_URL the proxy?")
+        try:
+            seen = progress.record(turn, headers)
+        except ValueError as e:
+            log(str(e))
             return 1
-        before = int(header(headers, "x-compactor-tokens-before", "0"))
-        after = int(header(headers, "x-compactor-tokens-after", "0"))
-        window = int(header(headers, "x-compactor-context-window", "0")) or window
-        checkpoint = header(headers, "x-compactor-checkpoint")
-        status = header(headers, "x-compactor-compaction", "")
-        max_before = max(max_before, before)
-        new = checkpoint is not None and checkpoint not in checkpoints
-        if new:
-            checkpoints.append(checkpoint)
-        log(
-            f"turn {turn + 1:>2} {'stream' if stream else 'plain '} "
-            f"{time.monotonic() - t0:5.1f}s compacted={compacted} before={before} "
-            f"after={after} window={window} checkpoint={checkpoint or '-'}"
-            f"{' NEW' if new else ''}{' status=' + status if status else ''} "
-            f"reply={text[:60]!r}"
-        )
-        if status.startswith("failed"):
-            log(f"turn {turn + 1}: compaction failed: {status}")
-            return 1
-        if window and max_before >= HISTORY_FACTOR * window and len(checkpoints) >= MIN_COMPACTIONS:
+        log(f"turn {turn + 1:>2} {'stream' if stream else 'plain '} {time.monotonic() - t0:5.1f}s "
+            f"{conversation.describe(seen)} reply={text[:60]!r}")
+        if progress.reached(HISTORY_FACTOR, MIN_COMPACTIONS):
             break
     else:
-        log(
-            f"gave up after {MAX_TURNS} turns: history {max_before} tokens "
-            f"(window {window}), {len(checkpoints)} compactions"
-        )
+        log(progress.gave_up(MAX_TURNS))
         return 1
 
+    checkpoints = progress.checkpoints
     checkpoint = fetch_checkpoint(checkpoints[-1])
     summary = checkpoint.get("summary", "")
     if len(summary.strip()) < 40:
@@ -143,8 +118,8 @@ def main() -> int:
         "scenario": "openai-python",
         "turns": turn + 1,
         "compactions": len(checkpoints),
-        "history_tokens": max_before,
-        "window": window,
+        "history_tokens": progress.max_before,
+        "window": progress.window,
         "seconds": round(time.monotonic() - started, 1),
     }
     print("E2E_RESULT " + json.dumps(result), flush=True)

@@ -189,8 +189,7 @@ impl WireRequest for MessagesRequest {
     /// Claude Code asks for 32,000 or more output tokens whatever the model: taken as it is, that
     /// budget alone would fill a small window, so it is capped at the configured share.
     fn output_reserve(&self, configured: u64) -> u64 {
-        self.settings
-            .max_output_tokens
+        self.max_output_tokens()
             .map_or(configured, |asked| asked.min(configured))
     }
 
