@@ -8,7 +8,7 @@ use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::redis_server::spawn;
+use super::redis_server::{spawn, try_spawn, START_ATTEMPTS};
 
 const MASTERS: usize = 3;
 
@@ -21,24 +21,49 @@ struct Node {
 }
 
 impl Node {
+    /// A new node on two free ports. A port found free can be taken by a parallel test before
+    /// the server binds it: then the server exits at once, and other ports are tried.
+    fn first_start() -> Node {
+        let dir = tempfile::tempdir().unwrap();
+        for _ in 0..START_ATTEMPTS {
+            let ports = free_ports(2);
+            let (port, bus) = (ports[0], ports[1]);
+            let arguments = Node::arguments(bus);
+            let arguments: Vec<&str> = arguments.iter().map(String::as_str).collect();
+            if let Some(child) = try_spawn(port, &arguments, Some(dir.path())) {
+                return Node {
+                    port,
+                    bus,
+                    dir,
+                    child: Some(child),
+                };
+            }
+        }
+        panic!("a cluster node did not start on any of {START_ATTEMPTS} pairs of free ports");
+    }
+
+    fn arguments(bus: u16) -> Vec<String> {
+        [
+            "--cluster-enabled",
+            "yes",
+            "--cluster-port",
+            &bus.to_string(),
+            "--cluster-config-file",
+            "nodes.conf",
+            // A stopped master is noticed within a second, so outage tests stay short.
+            "--cluster-node-timeout",
+            "1000",
+        ]
+        .map(str::to_string)
+        .to_vec()
+    }
+
+    /// Starts a stopped node again on its ports, with its cluster configuration.
     fn start(&mut self) {
         assert!(self.child.is_none(), "already running");
-        let bus = self.bus.to_string();
-        self.child = Some(spawn(
-            self.port,
-            &[
-                "--cluster-enabled",
-                "yes",
-                "--cluster-port",
-                &bus,
-                "--cluster-config-file",
-                "nodes.conf",
-                // A stopped master is noticed within a second, so outage tests stay short.
-                "--cluster-node-timeout",
-                "1000",
-            ],
-            Some(self.dir.path()),
-        ));
+        let arguments = Node::arguments(self.bus);
+        let arguments: Vec<&str> = arguments.iter().map(String::as_str).collect();
+        self.child = Some(spawn(self.port, &arguments, Some(self.dir.path())));
     }
 
     fn stop(&mut self) {
@@ -56,19 +81,7 @@ pub struct RedisCluster {
 
 impl RedisCluster {
     pub fn start() -> RedisCluster {
-        let ports = free_ports(2 * MASTERS);
-        let mut nodes: Vec<Node> = ports
-            .chunks(2)
-            .map(|pair| Node {
-                port: pair[0],
-                bus: pair[1],
-                dir: tempfile::tempdir().unwrap(),
-                child: None,
-            })
-            .collect();
-        for node in &mut nodes {
-            node.start();
-        }
+        let nodes: Vec<Node> = (0..MASTERS).map(|_| Node::first_start()).collect();
         let cluster = RedisCluster { nodes };
         let addresses: Vec<String> = cluster
             .nodes

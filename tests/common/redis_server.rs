@@ -15,12 +15,18 @@ pub struct RedisServer {
 
 impl RedisServer {
     pub fn start() -> RedisServer {
-        let mut server = RedisServer {
-            port: free_port(),
-            child: None,
-        };
-        server.restart();
-        server
+        // A port found free can be taken by a parallel test before the server binds it: then
+        // the server exits at once, and another port is tried.
+        for _ in 0..START_ATTEMPTS {
+            let port = free_port();
+            if let Some(child) = try_spawn(port, &[], None) {
+                return RedisServer {
+                    port,
+                    child: Some(child),
+                };
+            }
+        }
+        panic!("redis-server did not start on any of {START_ATTEMPTS} free ports");
     }
 
     pub fn url(&self) -> String {
@@ -62,9 +68,19 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// How many free ports a server start tries before giving up.
+pub const START_ATTEMPTS: usize = 5;
+
 /// Starts `redis-server` on `port` with `extra` arguments, in `dir` (for files it writes), and
 /// waits until it accepts connections.
 pub fn spawn(port: u16, extra: &[&str], dir: Option<&Path>) -> Child {
+    try_spawn(port, extra, dir)
+        .unwrap_or_else(|| panic!("redis-server did not start on port {port}: it exited"))
+}
+
+/// [`spawn`], or `None` when the server exits before it accepts connections (its port was
+/// taken).
+pub fn try_spawn(port: u16, extra: &[&str], dir: Option<&Path>) -> Option<Child> {
     let mut command = Command::new("redis-server");
     command
         .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
@@ -81,15 +97,19 @@ pub fn spawn(port: u16, extra: &[&str], dir: Option<&Path>) -> Child {
              install it with `apt-get install -y redis-server`"
         )
     });
+    let mut child = child;
     let deadline = Instant::now() + Duration::from_secs(10);
     while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if matches!(child.try_wait(), Ok(Some(_))) {
+            return None;
+        }
         assert!(
             Instant::now() < deadline,
             "redis-server did not start on port {port}"
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    child
+    Some(child)
 }
 
 impl Drop for RedisServer {
