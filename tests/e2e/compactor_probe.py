@@ -76,14 +76,16 @@ def main() -> int:
     bad = [e for e in served if int(e.get("status", 0)) != 200]
     max_prompt = max((int(e.get("prompt_tokens", 0)) for e in served), default=0)
     sent_compacted = sum(1 for e in served if e.get("compacted") in (True, "true"))
-    reused = sent_compacted - len(compactions)
+    # A lower bound: every compaction is taken to have served one of these requests, though a
+    # summary made ahead of time may serve none yet (then this is negative: no reuse shown).
+    reused = max(sent_compacted - len(compactions), 0)
     name = args.scenario
     print(
         f"[{name}] {len(served)} chat requests, statuses "
         f"{sorted({int(e.get('status', 0)) for e in served})}, largest request {max_prompt} "
         f"tokens (window {args.window}), {len(compactions)} compactions, "
         f"{len(failures)} compaction failures, "
-        f"{sent_compacted} requests sent compacted ({max(reused, 0)} reusing a checkpoint)",
+        f"{sent_compacted} requests sent compacted (at least {reused} reusing a checkpoint)",
         flush=True,
     )
     overheads = sorted(float(e["overhead_ms"]) for e in served if "overhead_ms" in e)
@@ -109,7 +111,7 @@ def main() -> int:
         print(f"[{name}] FAIL: {len(compactions)} compactions, wanted {args.min_compactions}")
         ok = False
     if reused < args.min_reused:
-        print(f"[{name}] FAIL: {max(reused, 0)} requests reused a checkpoint, wanted {args.min_reused}")
+        print(f"[{name}] FAIL: {reused} requests shown to reuse a checkpoint, wanted {args.min_reused}")
         ok = False
     if compactions and args.admin_token:
         cid = compactions[-1].get("checkpoint")
@@ -126,7 +128,7 @@ def main() -> int:
         "scenario": name,
         "requests": len(served),
         "compactions": len(compactions),
-        "reused": max(reused, 0),
+        "reused": reused,
         "history_tokens": max_prompt,
         "window": args.window,
         "seconds": args.seconds,
