@@ -4,13 +4,14 @@
 //! Messages and `tools` are never re-serialized: the rewritten body splices their original bytes,
 //! so what the client sent reaches the provider byte for byte.
 
-use crate::dialect::CallSettings;
 use std::borrow::Cow;
 use std::sync::OnceLock;
 
 use indexmap::IndexMap;
 use serde::Deserialize;
 use serde_json::value::RawValue;
+
+use crate::dialect::CallSettings;
 
 mod view;
 pub use view::MessageView;

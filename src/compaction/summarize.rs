@@ -76,10 +76,10 @@ pub enum Carry {
     /// first, the oldest cut when they outgrow the summary's budget ([`join`]).
     ///
     /// The proxy's choice between the chunks of one span (a summary from before the span is
-    /// still rewritten with its first chunk): measured with the 0.5B end-to-end model (`scripts/fidelity`,
-    /// `benches/results/fidelity-2026-12-01.md`), a small model asked to rewrite echoed the
-    /// headings and repeated itself, and its longer text left the record less room: 79% of the
-    /// reference's salient entities as stored, against 85% appending.
+    /// still rewritten with its first chunk). Measured with the 0.5B end-to-end model
+    /// (`scripts/fidelity`, `benches/results/fidelity-2026-12-01.md`): asked to rewrite, a small
+    /// model echoed the headings and repeated itself, and its longer text left the record less
+    /// room: 79% of the reference's salient entities as stored, against 85% appending.
     #[default]
     Append,
 }

@@ -5,7 +5,6 @@
 //! wherever they stand); `tools` (and legacy `functions`) are the rest of the head. Errors are
 //! OpenAI's `{"error": {"message", "type", "param", "code"}}`.
 
-use crate::dialect::CallSettings;
 use serde_json::json;
 
 use crate::compaction::{rewrite, summarize};
@@ -15,8 +14,8 @@ use crate::measure::{count_message, count_message_until, Cancel, Encoding, TOKEN
 use crate::request::{ChatRequest, Message};
 
 use super::{
-    AnswerError, ClientError, Dialect, MessageView, RequestError, Rewrite, Role, SummaryRequest,
-    WireRequest,
+    AnswerError, CallSettings, ClientError, Dialect, MessageView, RequestError, Rewrite, Role,
+    SummaryRequest, WireRequest,
 };
 
 /// The chat completions dialect.

@@ -161,8 +161,8 @@ pub trait WireRequest: Send + Sync {
     /// Tokens the summary message costs when it carries `text`.
     fn summary_tokens(&self, encoding: Encoding, text: &str) -> u64;
     /// Tokens to keep free for the answer, given the configured share of the window
-    /// (`configured`). The output budget the client asked for is honoured as it is; a dialect whose clients
-    /// send a fixed large budget whatever the model (Claude Code's 32,000) caps it.
+    /// (`configured`). The output budget the client asked for is honoured as it is; a dialect
+    /// whose clients send a fixed large budget whatever the model (Claude Code's 32,000) caps it.
     fn output_reserve(&self, configured: u64) -> u64 {
         self.max_output_tokens().unwrap_or(configured)
     }

@@ -13,7 +13,6 @@
 pub mod parse;
 pub mod wire;
 
-use crate::dialect::CallSettings;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
@@ -23,8 +22,8 @@ use crate::measure::overflow::{self, Overflow};
 use crate::measure::Encoding;
 
 use super::{
-    AnswerError, ClientError, Dialect, MessageView, RequestError, Rewrite, Role, SummaryRequest,
-    WireRequest,
+    AnswerError, CallSettings, ClientError, Dialect, MessageView, RequestError, Rewrite, Role,
+    SummaryRequest, WireRequest,
 };
 use crate::request::ToolCall;
 use parse::{Author, MessagesRequest};

@@ -2,11 +2,11 @@
 //! ones survive untouched), each message's original bytes, and what compaction reads from them.
 //! Everything a client can get wrong is found here and reported as a [`RequestError`].
 
-use crate::dialect::CallSettings;
 use indexmap::IndexMap;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
+use crate::dialect::CallSettings;
 use crate::request::RequestError;
 
 /// Content block types the Messages API accepts in a request. Anything else is refused: a block

@@ -1,7 +1,6 @@
 //! A parsed `POST /responses` body: top-level fields kept raw in their order, `input` split into
 //! items, and the body written back through a checkpoint.
 
-use crate::dialect::CallSettings;
 use indexmap::IndexMap;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
@@ -9,7 +8,7 @@ use serde_json::{json, Value};
 use super::items::{self, Item, ItemKind};
 use crate::compaction::rewrite::cut_middle;
 use crate::compaction::summarize::{TRANSCRIPT_MESSAGE_CHARS, TRANSCRIPT_RESULT_CHARS};
-use crate::dialect::{MessageView, RequestError, Rewrite, Role, WireRequest};
+use crate::dialect::{CallSettings, MessageView, RequestError, Rewrite, Role, WireRequest};
 use crate::identity::{self, Hash};
 use crate::measure::{Encoding, TOKENS_FOR_TOOLS};
 use crate::request::ToolCall;
