@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use compactor::compaction::{
     CannotFit, Engine, Mode, Prepared, RequestContext, Status, Summarizer, SummarizerError,
+    SummaryError,
 };
 use compactor::config::{CompactionConfig, SummarizerConfig};
 use compactor::dialect::{SummaryRequest, WireRequest};
@@ -15,7 +16,7 @@ use compactor::identity;
 use compactor::measure::{windows::WindowTable, Meter};
 use compactor::metrics::Metrics;
 use compactor::request::ChatRequest;
-use compactor::store::{memory::MemoryStore, CheckpointStore};
+use compactor::store::{memory::MemoryStore, Checkpoint, CheckpointStore};
 use serde_json::{json, Value};
 
 const MODEL: &str = "engine-test-model";
@@ -164,6 +165,16 @@ async fn prepare(setup: &Setup, messages: &[Value]) -> Prepared {
     prepare_as(setup, &context(), &request(messages))
         .await
         .unwrap()
+}
+
+/// The compaction a client asks for, of all of `messages`, counted first as the proxy does.
+async fn compact_whole(setup: &Setup, messages: &[Value]) -> Result<Checkpoint, SummaryError> {
+    let request = request(messages);
+    let measured = setup.engine.meter().measure(request.as_ref());
+    setup
+        .engine
+        .compact_whole(&context(), &request, measured)
+        .await
 }
 
 /// Every call to the engine goes through here.
@@ -662,11 +673,7 @@ async fn a_whole_compaction_covers_everything_extends_the_last_checkpoint_and_is
     let ordinary = prepared.outcome.checkpoint_id.unwrap();
 
     // The client asks for a compaction of all of it.
-    let whole = setup
-        .engine
-        .compact_whole(&context(), &request(&messages))
-        .await
-        .unwrap();
+    let whole = compact_whole(&setup, &messages).await.unwrap();
     assert_eq!(whole.covered, messages.len(), "nothing left verbatim");
     assert_ne!(whole.id, ordinary);
     assert_eq!(setup.summarizer.calls(), 2);
@@ -681,19 +688,11 @@ async fn a_whole_compaction_covers_everything_extends_the_last_checkpoint_and_is
     );
 
     // Asked again for the same input: the same checkpoint, no new summary.
-    let again = setup
-        .engine
-        .compact_whole(&context(), &request(&messages))
-        .await
-        .unwrap();
+    let again = compact_whole(&setup, &messages).await.unwrap();
     assert_eq!(again.id, whole.id);
     assert_eq!(setup.summarizer.calls(), 2);
 
     // Nothing but instructions: nothing to compact.
     let only_system = &messages[..1];
-    assert!(setup
-        .engine
-        .compact_whole(&context(), &request(only_system))
-        .await
-        .is_err());
+    assert!(compact_whole(&setup, only_system).await.is_err());
 }

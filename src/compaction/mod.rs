@@ -349,19 +349,9 @@ impl Engine {
     /// Summarizes the whole conversation, instructions aside, into one checkpoint (extending
     /// the newest stored one that covers a prefix of it), for a client that asked for a
     /// compaction and will send the summary back in place of its history. A checkpoint that
-    /// already covers everything is returned as it is.
+    /// already covers everything is returned as it is. `measured` is the request as
+    /// [`Engine::meter`] counted it.
     pub async fn compact_whole(
-        self: &Arc<Self>,
-        context: &RequestContext,
-        request: &Arc<dyn WireRequest>,
-    ) -> Result<crate::store::Checkpoint, SummaryError> {
-        let measured = self.meter.measure(request.as_ref());
-        self.compact_whole_measured(context, request, measured)
-            .await
-    }
-
-    /// [`Engine::compact_whole`] of a request already measured with [`Engine::meter`].
-    pub async fn compact_whole_measured(
         self: &Arc<Self>,
         context: &RequestContext,
         request: &Arc<dyn WireRequest>,

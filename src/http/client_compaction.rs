@@ -2,15 +2,15 @@
 //! it (`[responses] server_compaction`; llama.cpp, vLLM and most gateways do not).
 //!
 //! - An `input` ending in `{"type":"compaction_trigger"}` and `POST /v1/responses/compact` are
-//!   answered from a checkpoint that covers the whole input
-//!   ([`Engine::compact_whole_measured`]), handed to the client as a `compaction` item whose
-//!   `encrypted_content` is sealed for that client ([`Sealer`]).
+//!   answered from a checkpoint that covers the whole input ([`Engine::compact_whole`]), handed
+//!   to the client as a `compaction` item whose `encrypted_content` is sealed for that client
+//!   ([`Sealer`]).
 //! - Such items coming back in later requests are opened and replaced by the checkpoint's summary
 //!   message before anything else reads the request. An item that does not open for this client
 //!   (forged, edited, another client's) or whose checkpoint is gone is refused with a 400: the
 //!   history it stands for cannot be served, and sending it on would only fail at the provider.
 //!
-//! [`Engine::compact_whole_measured`]: crate::compaction::Engine::compact_whole_measured
+//! [`Engine::compact_whole`]: crate::compaction::Engine::compact_whole
 
 use std::sync::Arc;
 
@@ -146,7 +146,7 @@ async fn compact_whole(
     };
     let checkpoint = app
         .engine
-        .compact_whole_measured(&context, &conversation, measured)
+        .compact_whole(&context, &conversation, measured)
         .await
         .map_err(|e| match e {
             SummaryError::Nothing | SummaryError::NoReduction => ApiError::BadRequest {
