@@ -4,11 +4,10 @@
 //! drop.
 #![allow(dead_code)]
 
-use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::redis_server::{spawn, try_spawn, START_ATTEMPTS};
+use super::redis_server::{spawn, spawn_on_free_ports};
 
 const MASTERS: usize = 3;
 
@@ -21,25 +20,17 @@ struct Node {
 }
 
 impl Node {
-    /// A new node on two free ports. A port found free can be taken by a parallel test before
-    /// the server binds it: then the server exits at once, and other ports are tried.
+    /// A new node on two free ports: its own and its cluster bus.
     fn first_start() -> Node {
         let dir = tempfile::tempdir().unwrap();
-        for _ in 0..START_ATTEMPTS {
-            let ports = free_ports(2);
-            let (port, bus) = (ports[0], ports[1]);
-            let arguments = Node::arguments(bus);
-            let arguments: Vec<&str> = arguments.iter().map(String::as_str).collect();
-            if let Some(child) = try_spawn(port, &arguments, Some(dir.path())) {
-                return Node {
-                    port,
-                    bus,
-                    dir,
-                    child: Some(child),
-                };
-            }
+        let ([port, bus], child) =
+            spawn_on_free_ports(|[_, bus]| Node::arguments(bus), Some(dir.path()));
+        Node {
+            port,
+            bus,
+            dir,
+            child: Some(child),
         }
-        panic!("a cluster node did not start on any of {START_ATTEMPTS} pairs of free ports");
     }
 
     fn arguments(bus: u16) -> Vec<String> {
@@ -61,9 +52,11 @@ impl Node {
     /// Starts a stopped node again on its ports, with its cluster configuration.
     fn start(&mut self) {
         assert!(self.child.is_none(), "already running");
-        let arguments = Node::arguments(self.bus);
-        let arguments: Vec<&str> = arguments.iter().map(String::as_str).collect();
-        self.child = Some(spawn(self.port, &arguments, Some(self.dir.path())));
+        self.child = Some(spawn(
+            self.port,
+            &Node::arguments(self.bus),
+            Some(self.dir.path()),
+        ));
     }
 
     fn stop(&mut self) {
@@ -168,16 +161,6 @@ fn cluster_state(port: u16) -> Option<String> {
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .find_map(|l| l.trim().strip_prefix("cluster_state:").map(str::to_string))
-}
-
-/// `n` distinct free local ports (all held until every one is chosen).
-fn free_ports(n: usize) -> Vec<u16> {
-    let held: Vec<TcpListener> = (0..n)
-        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
-    held.iter()
-        .map(|l| l.local_addr().unwrap().port())
-        .collect()
 }
 
 impl Drop for RedisCluster {

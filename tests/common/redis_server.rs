@@ -15,18 +15,11 @@ pub struct RedisServer {
 
 impl RedisServer {
     pub fn start() -> RedisServer {
-        // A port found free can be taken by a parallel test before the server binds it: then
-        // the server exits at once, and another port is tried.
-        for _ in 0..START_ATTEMPTS {
-            let port = free_port();
-            if let Some(child) = try_spawn(port, &[], None) {
-                return RedisServer {
-                    port,
-                    child: Some(child),
-                };
-            }
+        let ([port], child) = spawn_on_free_ports(|_| Vec::new(), None);
+        RedisServer {
+            port,
+            child: Some(child),
         }
-        panic!("redis-server did not start on any of {START_ATTEMPTS} free ports");
     }
 
     pub fn url(&self) -> String {
@@ -59,28 +52,40 @@ impl RedisServer {
     }
 }
 
-/// A free local port (nothing listens on it when this returns).
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// `N` distinct free local ports (all held until every one is chosen; nothing listens on them
+/// when this returns).
+fn free_ports<const N: usize>() -> [u16; N] {
+    let held: [TcpListener; N] = std::array::from_fn(|_| TcpListener::bind("127.0.0.1:0").unwrap());
+    held.map(|l| l.local_addr().unwrap().port())
 }
 
-/// How many free ports a server start tries before giving up.
-pub const START_ATTEMPTS: usize = 5;
+/// Starts `redis-server` on the first of `N` free ports, with the arguments `extra` makes of
+/// all of them, in `dir`. A port found free can be taken by a parallel test before the server
+/// binds it: the server then exits at once, and other ports are tried.
+pub fn spawn_on_free_ports<const N: usize>(
+    extra: impl Fn([u16; N]) -> Vec<String>,
+    dir: Option<&Path>,
+) -> ([u16; N], Child) {
+    const ATTEMPTS: usize = 5;
+    for _ in 0..ATTEMPTS {
+        let ports = free_ports::<N>();
+        if let Some(child) = try_spawn(ports[0], &extra(ports), dir) {
+            return (ports, child);
+        }
+    }
+    panic!("redis-server did not start on any of {ATTEMPTS} sets of free ports");
+}
 
 /// Starts `redis-server` on `port` with `extra` arguments, in `dir` (for files it writes), and
 /// waits until it accepts connections.
-pub fn spawn(port: u16, extra: &[&str], dir: Option<&Path>) -> Child {
+pub fn spawn(port: u16, extra: &[String], dir: Option<&Path>) -> Child {
     try_spawn(port, extra, dir)
         .unwrap_or_else(|| panic!("redis-server did not start on port {port}: it exited"))
 }
 
 /// [`spawn`], or `None` when the server exits before it accepts connections (its port was
 /// taken).
-pub fn try_spawn(port: u16, extra: &[&str], dir: Option<&Path>) -> Option<Child> {
+fn try_spawn(port: u16, extra: &[String], dir: Option<&Path>) -> Option<Child> {
     let mut command = Command::new("redis-server");
     command
         .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
@@ -91,13 +96,12 @@ pub fn try_spawn(port: u16, extra: &[&str], dir: Option<&Path>) -> Option<Child>
     if let Some(dir) = dir {
         command.current_dir(dir);
     }
-    let child = command.spawn().unwrap_or_else(|e| {
+    let mut child = command.spawn().unwrap_or_else(|e| {
         panic!(
             "cannot start redis-server ({e}); these tests need a real Redis: \
              install it with `apt-get install -y redis-server`"
         )
     });
-    let mut child = child;
     let deadline = Instant::now() + Duration::from_secs(10);
     while TcpStream::connect(("127.0.0.1", port)).is_err() {
         if matches!(child.try_wait(), Ok(Some(_))) {
