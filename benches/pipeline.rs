@@ -6,12 +6,13 @@ use std::path::Path;
 
 use bytes::Bytes;
 use compactor::compaction::plan::{plan, PlanInput};
-use compactor::compaction::rewrite::summary_text;
-use compactor::dialect::{chat::Chat, Rewrite, WireRequest};
+use compactor::compaction::summary_text::summary_text;
+use compactor::dialect::chat::request::ChatRequest;
+use compactor::dialect::Role;
+use compactor::dialect::{chat::Chat, Through, WireRequest};
 use compactor::http::stream::Observed;
 use compactor::identity;
 use compactor::measure::Meter;
-use compactor::request::{ChatRequest, Role};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use futures::StreamExt;
 use serde_json::json;
@@ -154,7 +155,7 @@ fn identify_plan_rewrite(c: &mut Criterion) {
                 ahead_of_time: false,
             };
             let text = summary_text(&checkpoint.summary, &[], &[]);
-            let how = Rewrite {
+            let how = Through {
                 checkpoint: &checkpoint,
                 tokens: &tokens,
                 merge_into_user: false,

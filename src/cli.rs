@@ -9,8 +9,8 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::compaction::{Mode, RequestContext};
 use crate::config::{redact_url, CliOverrides, Config, LogFormat};
+use crate::dialect::chat::request::ChatRequest;
 use crate::measure::{calibration, windows::WindowTable, Meter};
-use crate::request::ChatRequest;
 
 #[derive(Debug, Parser)]
 #[command(

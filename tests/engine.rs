@@ -11,11 +11,11 @@ use compactor::compaction::{
     SummaryError,
 };
 use compactor::config::{CompactionConfig, SummarizerConfig};
+use compactor::dialect::chat::request::ChatRequest;
 use compactor::dialect::{SummaryRequest, WireRequest};
 use compactor::identity;
 use compactor::measure::{windows::WindowTable, Meter};
 use compactor::metrics::Metrics;
-use compactor::request::ChatRequest;
 use compactor::store::{memory::MemoryStore, Checkpoint, CheckpointStore};
 use serde_json::{json, Value};
 

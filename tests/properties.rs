@@ -4,9 +4,11 @@
 //! disappears is covered by the summary.
 
 use compactor::compaction::plan::{plan, PlanInput};
-use compactor::compaction::rewrite::{rewrite, summary_text};
-use compactor::dialect::Rewrite;
-use compactor::request::{ChatRequest, Role};
+use compactor::compaction::summary_text::summary_text;
+use compactor::dialect::chat::render::messages_through;
+use compactor::dialect::chat::request::ChatRequest;
+use compactor::dialect::Role;
+use compactor::dialect::Through;
 use compactor::store::Checkpoint;
 use proptest::prelude::*;
 use serde_json::{json, Value};
@@ -118,7 +120,7 @@ proptest! {
         prop_assert!(!newly.is_empty());
         let cp = checkpoint(chosen.cut, chosen.pinned_user, chosen.truncations.clone());
         let text = summary_text(&cp.summary, &cp.files_read, &cp.files_modified);
-        let out = rewrite(&request, &Rewrite { checkpoint: &cp, tokens: &tokens, merge_into_user: false, text: &text });
+        let out = messages_through(&request, &Through { checkpoint: &cp, tokens: &tokens, merge_into_user: false, text: &text });
         let out_raw: Vec<&str> = out.iter().map(|m| m.get()).collect();
         let parsed: Vec<Value> = out_raw.iter().map(|r| serde_json::from_str(r).unwrap()).collect();
 

@@ -7,8 +7,8 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use compactor::dialect::chat::request::ChatRequest;
 use compactor::measure::{calibration, Meter};
-use compactor::request::ChatRequest;
 use futures::StreamExt;
 use serde_json::{json, Value};
 
@@ -643,7 +643,7 @@ async fn repeated_conversation_plus_one_turn_hits_the_cache() {
         .push(json!({"role": "user", "content": "and now?"}));
     let (longer, _) = prompt_tokens(&proxy, &conversation).await;
     assert_eq!(meter.cached(), after_first + 1);
-    let new_turn = 3 + 1 + compactor::measure::Encoding::O200k.count("and now?");
+    let new_turn = 3 + 1 + compactor::tokenizer::Encoding::O200k.count("and now?");
     assert_eq!(longer, first + new_turn);
 }
 

@@ -3,13 +3,13 @@
 
 use std::sync::Arc;
 
-use crate::dialect::WireRequest;
+use crate::dialect::{Role, WireRequest};
 use crate::identity::{self, Hash};
-use crate::measure::{calibration, Measured, REPLY_PRIMING};
-use crate::request::Role;
+use crate::measure::{calibration, Measured};
 use crate::store::{Checkpoint, ModelFacts};
+use crate::tokenizer::REPLY_PRIMING;
 
-use super::{rewrite, Applied, CannotFit, Engine, Mode, Outcome, RequestContext};
+use super::{summary_text, Applied, CannotFit, Engine, Mode, Outcome, RequestContext};
 
 /// The conversation as seen through a checkpoint: which messages are sent and what they cost.
 pub(super) struct View<'c> {
@@ -176,7 +176,7 @@ impl Engine {
         if let Some(tokens) = self.summary_tokens.get(&key) {
             return tokens;
         }
-        let text = rewrite::summary_text(
+        let text = summary_text::summary_text(
             &checkpoint.summary,
             &checkpoint.files_read,
             &checkpoint.files_modified,

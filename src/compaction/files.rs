@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 
 use serde_json::Value;
 
-use crate::request::MessageView;
+use crate::dialect::MessageView;
 
 /// Argument names that hold one path.
 const PATH_KEYS: &[&str] = &[
@@ -170,7 +170,7 @@ fn paths_in(args: &Value) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::request::ChatRequest;
+    use crate::dialect::chat::request::ChatRequest;
 
     #[test]
     fn classifies_by_tool_and_command() {

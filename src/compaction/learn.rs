@@ -10,8 +10,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::dialect::Overflow;
 use crate::measure::calibration;
-use crate::measure::overflow::Overflow;
 use crate::store::{now_ms, ModelFacts};
 
 use super::Engine;

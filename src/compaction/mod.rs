@@ -21,17 +21,17 @@
 //! The pure parts ([`plan`], [`rewrite`], [`summarize`], [`files`], [`record`]) do no I/O.
 
 mod ahead_of_time;
+mod compact;
 mod conversation;
 pub mod files;
-mod finish;
 mod learn;
 pub mod plan;
+pub mod prompt;
 pub mod record;
-pub mod rewrite;
+mod render;
 mod single_flight;
-pub mod summarize;
 pub mod summarizer;
-mod summary;
+pub mod summary_text;
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -41,12 +41,12 @@ use dashmap::DashMap;
 use http::HeaderMap;
 
 use crate::config::{CompactionConfig, SummarizerConfig};
-use crate::dialect::WireRequest;
+use crate::dialect::{AnswerError, Overflow, WireRequest};
 use crate::identity::Hash;
-use crate::measure::overflow::Overflow;
-use crate::measure::{calibration, windows::WindowTable, Encoding, Measured, Meter};
+use crate::measure::{calibration, windows::WindowTable, Measured, Meter};
 use crate::metrics::Metrics;
 use crate::store::{CheckpointStore, ModelFacts};
+use crate::tokenizer::Encoding;
 
 use conversation::{covers_all, Conversation, View};
 pub use summarizer::{Summarizer, SummarizerError};
@@ -175,7 +175,7 @@ pub enum SummaryError {
     #[error("summarizer-error")]
     Summarizer(#[source] SummarizerError),
     #[error("summarizer-answer")]
-    Answer(#[source] summarize::AnswerError),
+    Answer(#[source] AnswerError),
     #[error("no-reduction")]
     NoReduction,
     #[error("nothing-to-summarize")]

@@ -12,7 +12,7 @@
 //! - tool results too large to keep whole are cut in the middle to fit;
 //! - instruction (system/developer) messages are never summarized.
 
-use crate::request::Role;
+use crate::dialect::Role;
 use crate::store::Truncation;
 
 /// Smallest share of a tool result kept when one must be cut to fit.

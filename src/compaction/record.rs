@@ -10,8 +10,8 @@ use std::sync::LazyLock;
 use regex::Regex;
 use serde_json::Value;
 
-use crate::measure::Encoding;
-use crate::request::{MessageView, Role};
+use crate::dialect::{MessageView, Role};
+use crate::tokenizer::Encoding;
 
 use super::files;
 
@@ -338,7 +338,7 @@ fn looks_like_code_name(name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::request::ChatRequest;
+    use crate::dialect::chat::request::ChatRequest;
 
     fn views(request: &ChatRequest) -> Vec<(Role, MessageView)> {
         request

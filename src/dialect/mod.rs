@@ -28,22 +28,40 @@
 //! 5. **summary requests** in the format ([`Dialect::summary_request`],
 //!    [`Dialect::summary_answer`]), so that a summarizer can be a model of this provider.
 //!
-//! Adding a dialect is a new file here implementing both traits, plus a route in
-//! [`crate::http`] that parses with it. [`chat`] is the reference implementation.
+//! ## The floor
+//!
+//! This file, [`vocabulary`], [`splice`], [`text`] and [`overflow`] are the seam: the words the
+//! core and the dialects share (roles, views, errors), the body splicing and text cutting every
+//! dialect uses, and the providers' overflow wording. The seam imports nothing of the core
+//! ([`crate::compaction`], [`crate::measure`]) and nothing of a dialect; beneath it are only
+//! [`crate::tokenizer`], [`crate::identity`] and [`crate::store`]'s types. The core imports the
+//! seam, never a dialect. Each dialect is a folder ([`chat`], [`anthropic`], [`responses`])
+//! that imports the seam and nothing of the core; `tests/layers.rs` checks all of it.
+//!
+//! A new format is its folder implementing both traits, one line in [`registry`] and its config
+//! table; `tests/dialects.rs` is the battery it must pass. [`chat`] is the reference.
 
 pub mod anthropic;
 pub mod chat;
+pub mod overflow;
+pub mod registry;
 pub mod responses;
+pub mod splice;
+pub mod text;
+pub mod vocabulary;
 
 use std::ops::Range;
 
 use crate::identity::Hash;
-use crate::measure::overflow::Overflow;
-use crate::measure::{Cancel, Encoding};
 use crate::store::Checkpoint;
+use crate::tokenizer::{Cancel, Encoding};
 
-pub use crate::compaction::summarize::AnswerError;
-pub use crate::request::{MessageView, RequestError, Role};
+pub use overflow::Overflow;
+pub use vocabulary::{AnswerError, MessageView, RequestError, Role, ToolCall};
+
+/// The largest output budget taken from a request (`max_tokens` and the like): bounded so that
+/// budget arithmetic cannot wrap; no model writes more in one answer.
+pub const MAX_OUTPUT_TOKENS: u64 = 1 << 32;
 
 /// A wire format: parsing its requests, recognising its provider's errors, writing its errors
 /// and its summary requests. One value per format, shared by all requests.
@@ -182,19 +200,19 @@ pub trait WireRequest: Send + Sync {
     /// The body as the client sent it (with `force_usage`: asking a stream for its `usage`).
     fn original_body(&self, force_usage: bool) -> Vec<u8>;
 
-    /// The body through `rewrite`: the head, the summary message in this dialect's shape, and
-    /// the kept elements' original bytes (cut to the checkpoint's truncations).
-    fn render(&self, rewrite: &Rewrite<'_>, force_usage: bool) -> Vec<u8>;
+    /// The body through a checkpoint: the head, the summary message in this dialect's shape,
+    /// and the kept elements' original bytes (cut to the checkpoint's truncations).
+    fn render(&self, through: &Through<'_>, force_usage: bool) -> Vec<u8>;
 }
 
 /// How to write a request through a checkpoint.
 #[derive(Debug, Clone, Copy)]
-pub struct Rewrite<'a> {
+pub struct Through<'a> {
     /// Elements `[0..covered)` are replaced by the summary, except instructions and the pinned
     /// user element; `truncations` cut kept elements' content in the middle.
     pub checkpoint: &'a Checkpoint,
-    /// The summary message's text: the checkpoint's summary with its file lists appended
-    /// ([`crate::compaction::rewrite::summary_text`]), or the marker of a trimmed conversation.
+    /// The summary message's text: the checkpoint's summary with what code carries appended
+    /// (written by the core), or the marker of a trimmed conversation.
     pub text: &'a str,
     /// Tokens per element (for truncations).
     pub tokens: &'a [u64],
@@ -226,31 +244,15 @@ pub struct ClientError {
     pub message: String,
 }
 
-/// A request body's top-level fields in order, each kept as its original bytes. A body that is
-/// valid JSON but not an object is refused as such, not as a syntax error.
-pub(crate) fn top_level_fields(
-    body: &[u8],
-) -> Result<indexmap::IndexMap<String, Box<serde_json::value::RawValue>>, RequestError> {
-    match serde_json::from_slice(body) {
-        Ok(fields) => Ok(fields),
-        Err(e) if e.is_data() => {
-            serde_json::from_slice::<serde::de::IgnoredAny>(body)
-                .map_err(RequestError::from_json)?;
-            Err(RequestError::NotObject)
-        }
-        Err(e) => Err(RequestError::from_json(e)),
-    }
-}
-
-/// The `model` field every dialect requires, as a string.
-pub(crate) fn required_model(
-    fields: &indexmap::IndexMap<String, Box<serde_json::value::RawValue>>,
-) -> Result<String, RequestError> {
-    let raw = fields.get("model").ok_or(RequestError::Missing("model"))?;
-    serde_json::from_str::<String>(raw.get()).map_err(|_| RequestError::Type {
-        field: "model",
-        expected: "a string",
-    })
+/// OpenAI's error body, `{"error": {"message", "type", "param", "code"}}`: what chat
+/// completions and Responses clients read.
+pub fn openai_error_body(error: &ClientError) -> serde_json::Value {
+    serde_json::json!({"error": {
+        "message": error.message,
+        "type": error.kind,
+        "param": error.param,
+        "code": error.code,
+    }})
 }
 
 /// The units of a conversation: the smallest spans that may be cut between. A unit is one

@@ -25,7 +25,7 @@ use serde_json::Value;
 use super::counting::measure_on_blocking_pool;
 use super::request_headers::{instructions, refuse_encoded_body};
 use super::{credential_headers, set, tenant::Tenant, ApiError, App};
-use crate::compaction::rewrite::summary_text;
+use crate::compaction::summary_text::summary_text;
 use crate::compaction::{RequestContext, SummaryError};
 use crate::dialect::responses::request::summary_item;
 use crate::dialect::responses::sealed::Sealer;

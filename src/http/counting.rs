@@ -6,7 +6,8 @@ use std::sync::Arc;
 use super::error::ApiError;
 use super::App;
 use crate::dialect::WireRequest;
-use crate::measure::{Cancel, Measured};
+use crate::measure::Measured;
+use crate::tokenizer::Cancel;
 
 /// Bodies up to this size are counted on the async worker that has them. Counting is linear
 /// in the text, so that is a fraction of a millisecond (a few at worst, for a run without

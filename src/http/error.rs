@@ -147,8 +147,8 @@ impl IntoResponse for ApiError {
     }
 }
 
-impl From<crate::request::RequestError> for ApiError {
-    fn from(e: crate::request::RequestError) -> ApiError {
+impl From<crate::dialect::RequestError> for ApiError {
+    fn from(e: crate::dialect::RequestError) -> ApiError {
         ApiError::BadRequest {
             param: e.param(),
             message: e.to_string(),

@@ -22,8 +22,8 @@ use super::{
     credential_headers, forwarded_headers, header_str, set, stream, tenant, ApiError, App,
 };
 use crate::compaction::{Mode, Outcome, Prepared, RequestContext};
+use crate::dialect::Overflow;
 use crate::dialect::{Dialect, WireRequest};
-use crate::measure::overflow::Overflow;
 use crate::metrics::{RequestLabels, Route};
 use crate::upstream::{self, Upstream, UpstreamResponse};
 

@@ -108,7 +108,7 @@ pub fn mock_tokens(body: &Value) -> u64 {
         text.push('\n');
     }
     // The proxy's encoder: exact on ordinary text, and linear on text without word boundaries.
-    compactor::measure::Encoding::O200k.count(&text)
+    compactor::tokenizer::Encoding::O200k.count(&text)
 }
 
 pub async fn start_mock() -> Mock {

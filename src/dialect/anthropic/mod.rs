@@ -16,16 +16,16 @@ pub mod wire;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use crate::compaction::rewrite::cut_middle;
-use crate::identity::{self, Hash};
-use crate::measure::overflow::{self, Overflow};
-use crate::measure::Encoding;
-
-use super::{
-    AnswerError, CallSettings, ClientError, Dialect, MessageView, RequestError, Rewrite, Role,
-    SummaryRequest, WireRequest,
+use crate::dialect::overflow::{self, Overflow};
+use crate::dialect::splice::to_raw;
+use crate::dialect::text::cut_middle;
+use crate::dialect::{
+    AnswerError, CallSettings, ClientError, Dialect, MessageView, RequestError, Role,
+    SummaryRequest, Through, ToolCall, WireRequest,
 };
-use crate::request::ToolCall;
+use crate::identity::{self, Hash};
+use crate::tokenizer::Encoding;
+
 use parse::{Author, MessagesRequest};
 
 /// Tokens a message costs beyond its text (role and block framing).
@@ -207,7 +207,7 @@ impl WireRequest for MessagesRequest {
         self.to_body(self.messages.iter().map(|m| &*m.raw))
     }
 
-    fn render(&self, rewrite: &Rewrite<'_>, _force_usage: bool) -> Vec<u8> {
+    fn render(&self, rewrite: &Through<'_>, _force_usage: bool) -> Vec<u8> {
         let checkpoint = rewrite.checkpoint;
         let covered = checkpoint.covered.min(self.messages.len());
         let text = rewrite.text;
@@ -338,10 +338,6 @@ fn truncate_results(
         .collect();
     message["content"] = Value::Array(content);
     to_raw(&message)
-}
-
-fn to_raw(value: &Value) -> Box<RawValue> {
-    RawValue::from_string(value.to_string()).expect("serde_json output is valid JSON")
 }
 
 #[cfg(test)]

@@ -2,12 +2,11 @@
 //! ones survive untouched), each message's original bytes, and what compaction reads from them.
 //! Everything a client can get wrong is found here and reported as a [`RequestError`].
 
-use indexmap::IndexMap;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use crate::dialect::CallSettings;
-use crate::request::RequestError;
+use crate::dialect::splice::{self, Fields};
+use crate::dialect::{CallSettings, RequestError};
 
 /// Content block types the Messages API accepts in a request. Anything else is refused: a block
 /// the proxy does not know could hide a pairing it would then break.
@@ -91,7 +90,7 @@ impl Message {
 #[derive(Debug, Clone)]
 pub struct MessagesRequest {
     /// Top-level fields in arrival order, values untouched (`messages` holds a placeholder).
-    pub fields: IndexMap<String, Box<RawValue>>,
+    pub fields: Fields,
     /// `max_output_tokens` is the body's `max_tokens`.
     pub settings: CallSettings,
     pub messages: Vec<Message>,
@@ -102,8 +101,8 @@ pub struct MessagesRequest {
 
 impl MessagesRequest {
     pub fn parse(body: &[u8]) -> Result<MessagesRequest, RequestError> {
-        let mut fields = super::super::top_level_fields(body)?;
-        let model = super::super::required_model(&fields)?;
+        let mut fields = splice::top_level_fields(body)?;
+        let model = splice::required_model(&fields)?;
         let max_tokens =
             match fields.get("max_tokens") {
                 None => None,
@@ -170,30 +169,7 @@ impl MessagesRequest {
     /// The body with `messages` replaced by these raw messages; every other field keeps its
     /// original bytes and position.
     pub fn to_body<'a>(&self, messages: impl IntoIterator<Item = &'a RawValue>) -> Vec<u8> {
-        let mut out = Vec::with_capacity(self.fields.values().map(|v| v.get().len() + 16).sum());
-        out.push(b'{');
-        let mut messages = Some(messages);
-        for (i, (key, value)) in self.fields.iter().enumerate() {
-            if i > 0 {
-                out.push(b',');
-            }
-            out.extend_from_slice(serde_json::to_string(key).unwrap_or_default().as_bytes());
-            out.push(b':');
-            if key == "messages" {
-                out.push(b'[');
-                for (j, m) in messages.take().into_iter().flatten().enumerate() {
-                    if j > 0 {
-                        out.push(b',');
-                    }
-                    out.extend_from_slice(m.get().as_bytes());
-                }
-                out.push(b']');
-            } else {
-                out.extend_from_slice(value.get().as_bytes());
-            }
-        }
-        out.push(b'}');
-        out
+        splice::object_with_array(&self.fields, "messages", messages)
     }
 
     /// The raw `tools` array, if any.

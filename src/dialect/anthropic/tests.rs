@@ -86,11 +86,11 @@ fn render_puts_the_summary_first_and_keeps_the_rest_byte_for_byte() {
     let cp = checkpoint(3, None);
     let tokens = vec![10; 4];
     let out = request.render(
-        &Rewrite {
+        &Through {
             checkpoint: &cp,
             tokens: &tokens,
             merge_into_user: false,
-            text: &crate::compaction::rewrite::summary_text(&cp.summary, &[], &[]),
+            text: &format!("<summary>\n{}\n</summary>", cp.summary),
         },
         false,
     );

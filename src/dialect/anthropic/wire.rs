@@ -5,12 +5,8 @@
 use serde_json::{json, Value};
 
 use super::parse::{Author, Message};
+use crate::dialect::text::{shorten, TRANSCRIPT_MESSAGE_CHARS, TRANSCRIPT_RESULT_CHARS};
 use crate::dialect::AnswerError;
-
-/// Longest tool result or tool input, in characters, copied into a transcript whole.
-const TRANSCRIPT_RESULT_CHARS: usize = 4000;
-/// Longest text, in characters, copied whole.
-const TRANSCRIPT_TEXT_CHARS: usize = 16000;
 
 /// Anthropic's error body: `{"type":"error","error":{"type","message"}}`.
 pub fn error_body(kind: &str, message: &str) -> Value {
@@ -112,7 +108,7 @@ pub fn transcript_entry(message: &Message) -> String {
         let str_of = |field: &str| block.get(field).and_then(Value::as_str).unwrap_or("");
         match kind {
             "text" => {
-                let text = shorten(str_of("text"), TRANSCRIPT_TEXT_CHARS);
+                let text = shorten(str_of("text"), TRANSCRIPT_MESSAGE_CHARS);
                 entry.push_str(&format!("[{role}]\n{text}\n"));
             }
             "tool_use" | "server_tool_use" | "mcp_tool_use" => {
@@ -139,7 +135,7 @@ pub fn transcript_entry(message: &Message) -> String {
             // Earlier turns' reasoning is not needed to continue, and may be unreadable.
             "thinking" | "redacted_thinking" => {}
             "compaction" => {
-                let text = shorten(str_of("content"), TRANSCRIPT_TEXT_CHARS);
+                let text = shorten(str_of("content"), TRANSCRIPT_MESSAGE_CHARS);
                 entry.push_str(&format!("[earlier summary]\n{text}\n"));
             }
             other => entry.push_str(&format!("[{role} attached {other}]\n")),
@@ -163,17 +159,4 @@ fn result_text(block: &Value) -> String {
             .join("\n"),
         _ => String::new(),
     }
-}
-
-fn shorten(text: &str, limit: usize) -> String {
-    let chars = text.chars().count();
-    if chars <= limit {
-        return text.to_string();
-    }
-    let head: String = text.chars().take(limit / 2).collect();
-    let tail: String = text.chars().skip(chars - limit / 2).collect();
-    format!(
-        "{head}\n[… {} characters cut from the middle …]\n{tail}",
-        chars - limit
-    )
 }

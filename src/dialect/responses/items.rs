@@ -9,7 +9,7 @@
 
 use serde::Deserialize;
 
-use crate::request::Role;
+use crate::dialect::Role;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 

@@ -18,7 +18,7 @@ pub mod sealed;
 
 use serde_json::{json, Value};
 
-use crate::measure::overflow::{self, Overflow};
+use crate::dialect::overflow::{self, Overflow};
 
 use super::{AnswerError, ClientError, Dialect, RequestError, SummaryRequest, WireRequest};
 pub use request::ResponsesRequest;
@@ -101,7 +101,7 @@ impl Dialect for Responses {
 
     /// OpenAI's error shape, as for chat completions.
     fn error_body(&self, error: &ClientError) -> Value {
-        super::chat::Chat.error_body(error)
+        super::openai_error_body(error)
     }
 
     fn summary_path(&self) -> &'static str {

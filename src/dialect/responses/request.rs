@@ -1,17 +1,17 @@
 //! A parsed `POST /responses` body: top-level fields kept raw in their order, `input` split into
 //! items, and the body written back through a checkpoint.
 
-use indexmap::IndexMap;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use super::items::{self, Item, ItemKind};
-use crate::compaction::rewrite::cut_middle;
-use crate::compaction::summarize::{TRANSCRIPT_MESSAGE_CHARS, TRANSCRIPT_RESULT_CHARS};
-use crate::dialect::{CallSettings, MessageView, RequestError, Rewrite, Role, WireRequest};
+use crate::dialect::splice::{self, to_raw, Fields};
+use crate::dialect::text::{cut_middle, TRANSCRIPT_MESSAGE_CHARS, TRANSCRIPT_RESULT_CHARS};
+use crate::dialect::{
+    CallSettings, MessageView, RequestError, Role, Through, ToolCall, WireRequest,
+};
 use crate::identity::{self, Hash};
-use crate::measure::{Encoding, TOKENS_FOR_TOOLS};
-use crate::request::ToolCall;
+use crate::tokenizer::{Encoding, TOKENS_FOR_TOOLS};
 
 /// Tokens an item costs besides its text (the chat template's framing).
 const TOKENS_PER_ITEM: u64 = 4;
@@ -20,7 +20,7 @@ const TOKENS_PER_ITEM: u64 = 4;
 #[derive(Debug)]
 pub struct ResponsesRequest {
     /// Top-level fields in arrival order, values untouched.
-    fields: IndexMap<String, Box<RawValue>>,
+    fields: Fields,
     /// The body exactly as it arrived.
     original: Vec<u8>,
     settings: CallSettings,
@@ -28,14 +28,10 @@ pub struct ResponsesRequest {
     roles: Vec<Role>,
 }
 
-fn to_raw(value: &Value) -> Box<RawValue> {
-    RawValue::from_string(value.to_string()).expect("serde_json output is valid JSON")
-}
-
 impl ResponsesRequest {
     pub fn parse(body: &[u8]) -> Result<ResponsesRequest, RequestError> {
-        let fields = super::super::top_level_fields(body)?;
-        let model = super::super::required_model(&fields)?;
+        let fields = splice::top_level_fields(body)?;
+        let model = splice::required_model(&fields)?;
         let input = fields.get("input").ok_or(RequestError::Missing("input"))?;
         let raw_items: Vec<Box<RawValue>> = match serde_json::from_str::<String>(input.get()) {
             // A string input is one user message.
@@ -74,25 +70,7 @@ impl ResponsesRequest {
 
     /// The body with `input` replaced by `items` (every other field as it came, in place).
     pub fn with_input<'a>(&self, items: impl IntoIterator<Item = &'a RawValue>) -> Vec<u8> {
-        let mut input = String::from("[");
-        for (i, item) in items.into_iter().enumerate() {
-            if i > 0 {
-                input.push(',');
-            }
-            input.push_str(item.get());
-        }
-        input.push(']');
-        let mut out = String::from("{");
-        for (i, (key, value)) in self.fields.iter().enumerate() {
-            if i > 0 {
-                out.push(',');
-            }
-            out.push_str(&Value::String(key.clone()).to_string());
-            out.push(':');
-            out.push_str(if key == "input" { &input } else { value.get() });
-        }
-        out.push('}');
-        out.into_bytes()
+        splice::object_with_array(&self.fields, "input", items)
     }
 
     /// The user messages of the input, as sent (what `/responses/compact` hands back).
@@ -307,7 +285,7 @@ impl WireRequest for ResponsesRequest {
         self.original.clone()
     }
 
-    fn render(&self, rewrite: &Rewrite<'_>, _force_usage: bool) -> Vec<u8> {
+    fn render(&self, rewrite: &Through<'_>, _force_usage: bool) -> Vec<u8> {
         let checkpoint = rewrite.checkpoint;
         let covered = checkpoint.covered.min(self.items.len());
         let text = rewrite.text;
@@ -368,11 +346,11 @@ mod tests {
         assert!(request.stream());
         let cp = checkpoint(4);
         let body = request.render(
-            &Rewrite {
+            &Through {
                 checkpoint: &cp,
                 tokens: &[],
                 merge_into_user: false,
-                text: &crate::compaction::rewrite::summary_text(&cp.summary, &[], &[]),
+                text: &format!("<summary>\n{}\n</summary>", cp.summary),
             },
             false,
         );

@@ -1,16 +1,10 @@
-//! The summary request: its own system prompt, the older turns as a labelled transcript, the
-//! previous summary when there is one, and chunking when the span is larger than the
-//! summarizer's window. Building requests and reading answers is pure; sending them is the
-//! engine's job.
+//! The wording of a summary request: its own system prompt, the older turns as a labelled
+//! transcript, the previous summary when there is one, and chunking when the span is larger
+//! than the summarizer's window. Pure; each dialect writes the request in its own format
+//! ([`crate::dialect::Dialect::summary_request`]) and sending it is the engine's job.
 
-use serde_json::Value;
-
-use crate::dialect::chat::Chat;
-use crate::dialect::{Dialect, SummaryRequest};
-use crate::measure::Encoding;
-use crate::request::{Message, Role};
-
-use super::rewrite::cut_middle;
+use crate::dialect::text::cut_middle;
+use crate::tokenizer::Encoding;
 
 /// The summarizer's system prompt in [`Wording::Sections`].
 pub const SYSTEM_PROMPT: &str = "Summarize the conversation transcript you are given so that an AI \
@@ -143,80 +137,6 @@ pub fn join(older: &str, newer: &str, encoding: Encoding, max_tokens: u64) -> St
     }
 }
 
-/// Longest tool result, in characters, copied into a transcript whole.
-pub const TRANSCRIPT_RESULT_CHARS: usize = 4000;
-/// Longest other message, in characters, copied whole.
-pub const TRANSCRIPT_MESSAGE_CHARS: usize = 16000;
-
-/// One message rendered for the transcript.
-pub fn transcript_entry(message: &Message) -> String {
-    let limit = if matches!(message.role, Role::Tool | Role::Other) {
-        TRANSCRIPT_RESULT_CHARS
-    } else {
-        TRANSCRIPT_MESSAGE_CHARS
-    };
-    let view = message.view();
-    let text = shorten(&view.text, limit);
-    let mut entry = String::new();
-    match message.role {
-        Role::Tool | Role::Other => {
-            let label = view
-                .name
-                .as_deref()
-                .or(view.tool_call_id.as_deref())
-                .unwrap_or("tool");
-            entry.push_str(&format!("[tool result {label}]\n{text}\n"));
-        }
-        role => {
-            if !text.is_empty() {
-                entry.push_str(&format!("[{}]\n{text}\n", role.as_str()));
-            }
-            if view.media_parts > 0 {
-                entry.push_str(&format!(
-                    "[{} attached {} image(s)]\n",
-                    role.as_str(),
-                    view.media_parts
-                ));
-            }
-            for call in &view.tool_calls {
-                let args = shorten(&call.arguments, TRANSCRIPT_RESULT_CHARS);
-                entry.push_str(&format!(
-                    "[assistant calls {} ({})]\n{args}\n",
-                    call.name, call.id
-                ));
-            }
-        }
-    }
-    entry
-}
-
-fn shorten(text: &str, limit: usize) -> String {
-    let chars = text.chars().count();
-    if chars <= limit {
-        return text.to_string();
-    }
-    // Token figures are unknown here; characters stand in for both sides of the ratio.
-    cut_middle(text, chars as u64, limit as u64)
-}
-
-/// The body of one summary request, in chat completions form.
-pub fn request_body(
-    model: &str,
-    style: Style,
-    previous: Option<&str>,
-    transcript: &str,
-    instructions: &[&str],
-    max_tokens: u64,
-) -> Value {
-    let user = user_prompt(style, previous, transcript, instructions, max_tokens);
-    Chat.summary_request(&SummaryRequest {
-        model,
-        system: style.system_prompt(),
-        user: &user,
-        max_tokens,
-    })
-}
-
 /// The user message of a summary request: the previous summary (unless `style` appends), the
 /// transcript, what to do.
 pub fn user_prompt(
@@ -308,65 +228,9 @@ pub fn chunk_counted(
     chunks
 }
 
-/// Why a summary answer cannot be used.
-#[derive(Debug, thiserror::Error, PartialEq)]
-pub enum AnswerError {
-    #[error("summary response is not a chat completion")]
-    Malformed,
-    #[error("summarizer returned an empty summary")]
-    Empty,
-    #[error("summary was cut off by the token limit")]
-    Truncated,
-}
-
-/// The summary text of a chat completion response.
-pub fn read_answer(body: &[u8]) -> Result<String, AnswerError> {
-    let value: Value = serde_json::from_slice(body).map_err(|_| AnswerError::Malformed)?;
-    let choice = value
-        .get("choices")
-        .and_then(|c| c.get(0))
-        .ok_or(AnswerError::Malformed)?;
-    let content = choice
-        .get("message")
-        .and_then(|m| m.get("content"))
-        .and_then(|c| c.as_str())
-        .unwrap_or("")
-        .trim();
-    if content.is_empty() {
-        return Err(AnswerError::Empty);
-    }
-    // A summary cut off mid-sentence is still better than none when it has its first sections;
-    // only an answer that ended before saying anything useful is refused.
-    if choice.get("finish_reason").and_then(|f| f.as_str()) == Some("length") && content.len() < 200
-    {
-        return Err(AnswerError::Truncated);
-    }
-    Ok(content.to_string())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::request::ChatRequest;
-
-    #[test]
-    fn transcript_labels_roles_calls_and_cuts_long_results() {
-        let long = "x".repeat(10_000);
-        let body = format!(
-            r#"{{"model":"m","messages":[{{"role":"user","content":"fix it"}},
-            {{"role":"assistant","content":"ok","tool_calls":[{{"id":"c1","type":"function","function":{{"name":"read","arguments":"{{\"path\":\"a.rs\"}}"}}}}]}},
-            {{"role":"tool","tool_call_id":"c1","content":"{long}"}}]}}"#
-        );
-        let req = ChatRequest::parse(body.as_bytes()).unwrap();
-        let entries: Vec<String> = req.messages.iter().map(transcript_entry).collect();
-        assert_eq!(entries[0], "[user]\nfix it\n");
-        assert!(entries[1].contains("[assistant calls read (c1)]\n{\"path\":\"a.rs\"}"));
-        assert!(
-            entries[2].starts_with("[tool result c1]")
-                && entries[2].contains("cut from the middle")
-        );
-        assert!(entries[2].len() < 5000);
-    }
 
     #[test]
     fn update_requests_carry_the_previous_summary() {
@@ -374,19 +238,15 @@ mod tests {
             carry: Carry::Rewrite,
             ..Style::default()
         };
-        let body = request_body(
-            "m",
+        let user = user_prompt(
             rewrite,
             Some("## Goal\nold"),
             "[user]\nhi\n",
             &["keep names"],
             500,
         );
-        let user = body["messages"][1]["content"].as_str().unwrap();
         assert!(user.contains("<previous-summary>\n## Goal\nold") && user.contains("keep names"));
-        assert_eq!(body["max_tokens"], 500);
         assert!(user.contains("under 300 words"));
-        assert!(body.get("tools").is_none());
     }
 
     #[test]
@@ -395,9 +255,8 @@ mod tests {
             wording: Wording::Outline,
             carry: Carry::Rewrite,
         };
-        let body = request_body("m", style, Some("## Goal\nold"), "[user]\nhi\n", &[], 500);
-        let system = body["messages"][0]["content"].as_str().unwrap();
-        let user = body["messages"][1]["content"].as_str().unwrap();
+        let user = user_prompt(style, Some("## Goal\nold"), "[user]\nhi\n", &[], 500);
+        let system = style.system_prompt();
         assert_eq!(system, OUTLINE_SYSTEM);
         assert!(!system.contains("## "), "no heading for the model to echo");
         let transcript_end = user.find("</transcript>").unwrap();
@@ -453,18 +312,5 @@ mod tests {
             chunks[0].contains("message number 0 ")
                 && chunks.last().unwrap().contains("message number 49 ")
         );
-    }
-
-    #[test]
-    fn reads_answers() {
-        assert_eq!(
-            read_answer(br#"{"choices":[{"message":{"content":" ## Goal\nx "}}]}"#).unwrap(),
-            "## Goal\nx"
-        );
-        assert_eq!(
-            read_answer(br#"{"choices":[{"message":{"content":""}}]}"#),
-            Err(AnswerError::Empty)
-        );
-        assert_eq!(read_answer(b"nope"), Err(AnswerError::Malformed));
     }
 }

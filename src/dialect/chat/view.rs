@@ -1,4 +1,5 @@
-//! A message's content as compaction reads it: its text, media parts, name and tool calls.
+//! The lenient reader of a chat message: its text, media parts, name and tool calls, as a
+//! [`MessageView`].
 //!
 //! Read leniently, so that what a client sent is counted and summarized even when it is not
 //! shaped as expected: a field of an unexpected type (`name: 5`, a non-string `text` part) is
@@ -7,19 +8,7 @@
 use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
-use super::ToolCall;
-
-/// A message's content as compaction reads it.
-#[derive(Debug, Clone, Default)]
-pub struct MessageView {
-    /// Text of the content (string content, or the text parts joined by newlines).
-    pub text: String,
-    /// Number of image (or other non-text media) parts.
-    pub media_parts: usize,
-    pub name: Option<String>,
-    pub tool_calls: Vec<ToolCall>,
-    pub tool_call_id: Option<String>,
-}
+use crate::dialect::{MessageView, ToolCall};
 
 /// A JSON object's entries in order, repeated keys included (serde's derive rejects them).
 struct Entries<'a>(Vec<(String, &'a RawValue)>);
@@ -83,82 +72,81 @@ fn append_opt(to: &mut Option<String>, more: Option<String>) {
     }
 }
 
-impl MessageView {
-    pub(super) fn read(raw: &RawValue) -> MessageView {
-        let mut view = MessageView::default();
-        for (key, value) in entries(raw) {
+/// A chat message's content as compaction reads it.
+pub fn read(raw: &RawValue) -> MessageView {
+    let mut view = MessageView::default();
+    for (key, value) in entries(raw) {
+        match key.as_str() {
+            "content" => read_content(&mut view, value),
+            "name" => append_opt(&mut view.name, text_of(value)),
+            "tool_call_id" => append_opt(&mut view.tool_call_id, text_of(value)),
+            "tool_calls" => read_tool_calls(&mut view, value),
+            _ => {}
+        }
+    }
+    view
+}
+
+fn read_content(view: &mut MessageView, content: &RawValue) {
+    if first_byte(content) != Some(b'[') {
+        if let Some(text) = text_of(content) {
+            append(&mut view.text, &text);
+        }
+        return;
+    }
+    for part in elements(content) {
+        if first_byte(part) == Some(b'"') {
+            append_opt_text(&mut view.text, text_of(part));
+            continue;
+        }
+        let texts: Vec<String> = entries(part)
+            .into_iter()
+            .filter(|(k, _)| k == "text")
+            .filter_map(|(_, v)| text_of(v))
+            .collect();
+        if texts.is_empty() {
+            view.media_parts += 1;
+        }
+        for text in texts {
+            append(&mut view.text, &text);
+        }
+    }
+}
+
+fn read_tool_calls(view: &mut MessageView, calls: &RawValue) {
+    if first_byte(calls) != Some(b'[') {
+        // Not a list of calls: still what the model will read, so counted as arguments.
+        if let Some(arguments) = text_of(calls) {
+            view.tool_calls.push(ToolCall {
+                id: String::new(),
+                name: String::new(),
+                arguments,
+            });
+        }
+        return;
+    }
+    for call in elements(calls) {
+        let mut read = ToolCall {
+            id: String::new(),
+            name: String::new(),
+            arguments: String::new(),
+        };
+        for (key, value) in entries(call) {
             match key.as_str() {
-                "content" => view.read_content(value),
-                "name" => append_opt(&mut view.name, text_of(value)),
-                "tool_call_id" => append_opt(&mut view.tool_call_id, text_of(value)),
-                "tool_calls" => view.read_tool_calls(value),
+                "id" => append_opt_text(&mut read.id, text_of(value)),
+                "function" => {
+                    for (key, value) in entries(value) {
+                        match key.as_str() {
+                            "name" => append_opt_text(&mut read.name, text_of(value)),
+                            "arguments" => append_opt_text(&mut read.arguments, text_of(value)),
+                            _ => {}
+                        }
+                    }
+                }
                 _ => {}
             }
         }
-        view
-    }
-
-    fn read_content(&mut self, content: &RawValue) {
-        if first_byte(content) != Some(b'[') {
-            if let Some(text) = text_of(content) {
-                append(&mut self.text, &text);
-            }
-            return;
-        }
-        for part in elements(content) {
-            if first_byte(part) == Some(b'"') {
-                append_opt_text(&mut self.text, text_of(part));
-                continue;
-            }
-            let texts: Vec<String> = entries(part)
-                .into_iter()
-                .filter(|(k, _)| k == "text")
-                .filter_map(|(_, v)| text_of(v))
-                .collect();
-            if texts.is_empty() {
-                self.media_parts += 1;
-            }
-            for text in texts {
-                append(&mut self.text, &text);
-            }
-        }
-    }
-
-    fn read_tool_calls(&mut self, calls: &RawValue) {
-        if first_byte(calls) != Some(b'[') {
-            // Not a list of calls: still what the model will read, so counted as arguments.
-            if let Some(arguments) = text_of(calls) {
-                self.tool_calls.push(ToolCall {
-                    id: String::new(),
-                    name: String::new(),
-                    arguments,
-                });
-            }
-            return;
-        }
-        for call in elements(calls) {
-            let mut read = ToolCall {
-                id: String::new(),
-                name: String::new(),
-                arguments: String::new(),
-            };
-            for (key, value) in entries(call) {
-                match key.as_str() {
-                    "id" => append_opt_text(&mut read.id, text_of(value)),
-                    "function" => {
-                        for (key, value) in entries(value) {
-                            match key.as_str() {
-                                "name" => append_opt_text(&mut read.name, text_of(value)),
-                                "arguments" => append_opt_text(&mut read.arguments, text_of(value)),
-                                _ => {}
-                            }
-                        }
-                    }
-                    _ => {}
-                }
-            }
-            self.tool_calls.push(read);
-        }
+        view.tool_calls.push(read);
     }
 }
 
@@ -173,7 +161,7 @@ mod tests {
     use super::*;
 
     fn view(json: &str) -> MessageView {
-        MessageView::read(&RawValue::from_string(json.to_string()).unwrap())
+        read(&RawValue::from_string(json.to_string()).unwrap())
     }
 
     #[test]

@@ -4,19 +4,31 @@
 //! choose the span Compactor's planner summarizes when it keeps the newest `--keep-tokens`
 //! verbatim, cap it to its newest `--span-tokens`, have the summarizer at `--url` write
 //! Compactor's summary of it, and score that summary, and the reference summary beside the file
-//! (`NAME.reference_summary.md`) when there is one, with `compactor::fidelity::score`. Prints a
-//! table and appends it to `--out`.
+//! (`NAME.reference_summary.md`) when there is one, with [`score`]. Prints a table and appends
+//! it to `--out`.
+//!
+//! The pure parts are modules here, so the metric is unit-tested and stated once: [`span`]
+//! chooses the messages a compaction summarizes (optionally capped to the newest tokens),
+//! [`score`] extracts what a summary must keep from that span and measures how much of it a
+//! summary holds. [`score::RULES`] states the extraction rules in words for the results file.
+
+mod score;
+mod span;
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use compactor::compaction::{files::FileOps, record, rewrite, summarize};
-use compactor::fidelity::score::{self, Score, Share, SpanFacts};
-use compactor::fidelity::span;
-use compactor::measure::{calibration, Encoding, Meter};
-use compactor::request::{ChatRequest, Message};
+use compactor::compaction::prompt::{self, Style};
+use compactor::compaction::{files::FileOps, record, summary_text};
+use compactor::dialect::chat::request::{ChatRequest, Message};
+use compactor::dialect::chat::{transcript, Chat};
+use compactor::dialect::{Dialect, SummaryRequest};
+use compactor::measure::{calibration, Meter};
+use compactor::tokenizer::Encoding;
+use score::{Score, Share, SpanFacts};
+use serde_json::Value;
 
 #[derive(Debug, Parser)]
 struct Args {
@@ -178,6 +190,7 @@ async fn run(args: &Args) -> Result<(), String> {
             for r in &facts.requests {
                 println!("  request in message {}: {:?}", r.message, r.key_words);
             }
+            println!("  requests too short to judge: {}", facts.unscored_requests);
         }
         let row = |who, summary: &str, budget, seconds| Row {
             conversation: name.clone(),
@@ -233,7 +246,7 @@ async fn run(args: &Args) -> Result<(), String> {
         for (slug, (who, text, seconds)) in
             ["files", "record", "model", "stored"].iter().zip(variants)
         {
-            let summary = rewrite::summary_text(&text, &read, &modified);
+            let summary = summary_text::summary_text(&text, &read, &modified);
             if let Some(dir) = &args.summaries {
                 let _ = std::fs::create_dir_all(dir);
                 let path = dir.join(format!("{}-{name}-{slug}.md", args.label));
@@ -280,15 +293,15 @@ fn reference_path(file: &Path) -> PathBuf {
 }
 
 /// The summary style the flags ask for.
-fn style(args: &Args) -> summarize::Style {
-    summarize::Style {
+fn style(args: &Args) -> Style {
+    Style {
         wording: match args.wording.as_str() {
-            "outline" => summarize::Wording::Outline,
-            _ => summarize::Wording::Sections,
+            "outline" => prompt::Wording::Outline,
+            _ => prompt::Wording::Sections,
         },
         carry: match args.carry.as_str() {
-            "append" => summarize::Carry::Append,
-            _ => summarize::Carry::Rewrite,
+            "append" => prompt::Carry::Append,
+            _ => prompt::Carry::Rewrite,
         },
     }
 }
@@ -308,20 +321,20 @@ async fn summarize_span(
     // Room for the transcript beside the prompt, the largest previous summary and the answer.
     let fits = usable
         .saturating_sub(2 * max_tokens)
-        .saturating_sub(summarize::fixed_cost(encoding))
+        .saturating_sub(prompt::fixed_cost(encoding))
         .max(256);
     let budget = args.chunk_tokens.map_or(fits, |n| n.min(fits));
     let style = style(args);
     let entries = span
         .iter()
-        .map(|m| summarize::transcript_entry(m))
+        .map(|m| transcript::transcript_entry(m))
         .collect();
     let mut running: Option<String> = None;
-    let chunks = summarize::chunk(entries, encoding, budget);
+    let chunks = prompt::chunk(entries, encoding, budget);
     let count = chunks.len();
     for (n, chunk) in chunks.into_iter().enumerate() {
         let started = Instant::now();
-        let body = summarize::request_body(
+        let body = request_body(
             &args.model,
             style,
             running.as_deref(),
@@ -344,7 +357,7 @@ async fn summarize_span(
         if !status.is_success() {
             return Err(format!("summarizer answered {status}"));
         }
-        let answer = summarize::read_answer(&bytes).map_err(|e| e.to_string())?;
+        let answer = transcript::read_answer(&bytes).map_err(|e| e.to_string())?;
         eprintln!(
             "fidelity: chunk {}/{count} ({} tokens) summarized in {:.0} s",
             n + 1,
@@ -492,4 +505,22 @@ fn append_results(
         let _ = write!(text, "\nMissing from ours:\n{missing}");
     }
     std::fs::write(out, text).map_err(|e| format!("{}: {e}", out.display()))
+}
+
+/// The body of one summary request, in chat completions form.
+pub fn request_body(
+    model: &str,
+    style: Style,
+    previous: Option<&str>,
+    transcript: &str,
+    instructions: &[&str],
+    max_tokens: u64,
+) -> Value {
+    let user = prompt::user_prompt(style, previous, transcript, instructions, max_tokens);
+    Chat.summary_request(&SummaryRequest {
+        model,
+        system: style.system_prompt(),
+        user: &user,
+        max_tokens,
+    })
 }

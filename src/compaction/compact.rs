@@ -7,17 +7,17 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::dialect::SummaryRequest;
+use crate::dialect::{MessageView, Role, SummaryRequest};
 use crate::identity;
-use crate::measure::{calibration, Encoding, REPLY_PRIMING};
+use crate::measure::calibration;
 use crate::metrics::GaugeHeld;
-use crate::request::{MessageView, Role};
 use crate::store::Checkpoint;
+use crate::tokenizer::{Encoding, REPLY_PRIMING};
 
 use super::conversation::{Conversation, View};
 use super::plan::{self, PlanError, PlanInput};
 use super::{
-    files, record, summarize, summarizer, Engine, Mode, Outcome, Prepared, RequestContext, Status,
+    files, prompt, record, summarizer, Engine, Mode, Outcome, Prepared, RequestContext, Status,
     SummaryError,
 };
 
@@ -399,7 +399,7 @@ impl Engine {
         let budget_for = |previous: Option<&str>| {
             usable
                 .saturating_sub(max_tokens)
-                .saturating_sub(summarize::fixed_cost(encoding))
+                .saturating_sub(prompt::fixed_cost(encoding))
                 .saturating_sub(previous.map_or(0, |p| encoding.count(p)))
         };
         let entries: Vec<String> = span
@@ -413,7 +413,7 @@ impl Engine {
         .into_iter()
         .collect();
         // Chunks are sized for the largest summary the previous step could leave behind.
-        let chunks = summarize::chunk_counted(
+        let chunks = prompt::chunk_counted(
             entries,
             encoding,
             budget_for(previous).saturating_sub(max_tokens).max(256),
@@ -425,20 +425,15 @@ impl Engine {
         // The chunks of one span are each summarized alone and joined (`Carry::Append`, measured
         // best with a small model); a summary from before this span, an earlier checkpoint's or
         // the progress of a fold cut short, is given to the model with the first chunk to update.
-        let chunk_style = summarize::Style::default();
-        let update_style = summarize::Style {
-            carry: summarize::Carry::Rewrite,
+        let chunk_style = prompt::Style::default();
+        let update_style = prompt::Style {
+            carry: prompt::Carry::Rewrite,
             ..chunk_style
         };
         for (n, (chunk, entries_in_chunk)) in chunks.into_iter().enumerate() {
             let style = if n == 0 { update_style } else { chunk_style };
-            let user = summarize::user_prompt(
-                style,
-                running.as_deref(),
-                &chunk,
-                &instructions,
-                max_tokens,
-            );
+            let user =
+                prompt::user_prompt(style, running.as_deref(), &chunk, &instructions, max_tokens);
             let request = SummaryRequest {
                 model: &model,
                 system: style.system_prompt(),

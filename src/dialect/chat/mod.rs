@@ -4,19 +4,30 @@
 //! Elements are the `messages`; system and developer messages are instructions (pinned
 //! wherever they stand); `tools` (and legacy `functions`) are the rest of the head. Errors are
 //! OpenAI's `{"error": {"message", "type", "param", "code"}}`.
+//!
+//! [`request`] parses a body (each message's content read on first use by [`view`]),
+//! [`count`] prices a message as OpenAI does, [`transcript`] writes it for the summarizer and
+//! reads summary answers, [`render`] writes the request through a checkpoint; this file ties
+//! them to the seam's two traits.
+
+pub mod count;
+pub mod render;
+pub mod request;
+pub mod transcript;
+pub mod view;
 
 use serde_json::json;
 
-use crate::compaction::{rewrite, summarize};
-use crate::identity::{self, Hash};
-use crate::measure::overflow::{self, Overflow};
-use crate::measure::{count_message, count_message_until, Cancel, Encoding, TOKENS_FOR_TOOLS};
-use crate::request::{ChatRequest, Message};
-
-use super::{
-    AnswerError, CallSettings, ClientError, Dialect, MessageView, RequestError, Rewrite, Role,
-    SummaryRequest, WireRequest,
+use crate::dialect::overflow::{self, Overflow};
+use crate::dialect::{
+    AnswerError, CallSettings, ClientError, Dialect, MessageView, RequestError, Role,
+    SummaryRequest, Through, WireRequest,
 };
+use crate::identity::{self, Hash};
+use crate::tokenizer::{Cancel, Encoding, TOKENS_FOR_TOOLS};
+
+use count::{count_message, count_message_until};
+use request::{ChatRequest, Message};
 
 /// The chat completions dialect.
 #[derive(Debug, Clone, Copy, Default)]
@@ -51,12 +62,7 @@ impl Dialect for Chat {
     }
 
     fn error_body(&self, error: &ClientError) -> serde_json::Value {
-        json!({"error": {
-            "message": error.message,
-            "type": error.kind,
-            "param": error.param,
-            "code": error.code,
-        }})
+        crate::dialect::openai_error_body(error)
     }
 
     fn summary_path(&self) -> &'static str {
@@ -77,7 +83,7 @@ impl Dialect for Chat {
     }
 
     fn summary_answer(&self, body: &[u8]) -> Result<String, AnswerError> {
-        summarize::read_answer(body)
+        transcript::read_answer(body)
     }
 
     fn reported_prompt_tokens(&self, json: &[u8]) -> Option<u64> {
@@ -126,7 +132,7 @@ impl WireRequest for ChatRequest {
     }
 
     fn transcript(&self, index: usize) -> String {
-        summarize::transcript_entry(&self.messages[index])
+        transcript::transcript_entry(&self.messages[index])
     }
 
     fn tokens(&self, encoding: Encoding, index: usize) -> u64 {
@@ -152,7 +158,7 @@ impl WireRequest for ChatRequest {
     }
 
     fn summary_tokens(&self, encoding: Encoding, text: &str) -> u64 {
-        Message::parse(rewrite::summary_message(text))
+        Message::parse(render::summary_message(text))
             .map(|m| count_message(encoding, &m))
             .unwrap_or(0)
     }
@@ -165,8 +171,8 @@ impl WireRequest for ChatRequest {
         ChatRequest::original_body(self, force_usage)
     }
 
-    fn render(&self, rewrite: &Rewrite<'_>, force_usage: bool) -> Vec<u8> {
-        let messages = rewrite::rewrite(self, rewrite);
+    fn render(&self, through: &Through<'_>, force_usage: bool) -> Vec<u8> {
+        let messages = render::messages_through(self, through);
         self.to_body(messages.iter().map(|m| &**m), force_usage)
     }
 }

@@ -1,4 +1,4 @@
-//! Applying a checkpoint: the message array the provider receives.
+//! A chat request through a checkpoint: the message array the provider receives.
 //!
 //! `instructions (byte for byte) + summary message + pinned user message + kept messages`. The
 //! result depends only on the request and the checkpoint, so between compactions every request
@@ -9,52 +9,21 @@ use std::borrow::Cow;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use crate::dialect::Rewrite;
-use crate::request::{ChatRequest, Role};
-use crate::store::Truncation;
+use crate::dialect::splice::to_raw;
+use crate::dialect::text::cut_middle;
+use crate::dialect::{Role, Through};
 
-/// The words around a summary that tell the model what it is reading.
-const SUMMARY_PREAMBLE: &str = "[Context compacted] The earlier part of this conversation was \
-replaced by the summary below to fit the model's context window. Treat it as the record of \
-what was said and done before; the messages after it continue the conversation verbatim.";
-
-/// The summary message's text, with the file lists appended deterministically.
-pub fn summary_text(summary: &str, files_read: &[String], files_modified: &[String]) -> String {
-    let mut text = format!("{SUMMARY_PREAMBLE}\n\n<summary>\n{}\n", summary.trim());
-    if !files_read.is_empty() {
-        text.push_str("\n<files-read>\n");
-        for f in files_read {
-            text.push_str(f);
-            text.push('\n');
-        }
-        text.push_str("</files-read>\n");
-    }
-    if !files_modified.is_empty() {
-        text.push_str("\n<files-modified>\n");
-        for f in files_modified {
-            text.push_str(f);
-            text.push('\n');
-        }
-        text.push_str("</files-modified>\n");
-    }
-    text.push_str("</summary>");
-    text
-}
-
-fn to_raw(value: &Value) -> Box<RawValue> {
-    // Serializing a Value cannot produce invalid JSON.
-    RawValue::from_string(value.to_string()).expect("serde_json output is valid JSON")
-}
+use super::request::ChatRequest;
 
 /// The summary as a user message of its own.
 pub fn summary_message(text: &str) -> Box<RawValue> {
     to_raw(&serde_json::json!({"role": "user", "content": text}))
 }
 
-/// The messages to send for `request` under `checkpoint`.
+/// The messages to send for `request` through `how.checkpoint`.
 ///
 /// `how.tokens` gives each message's token count, used to size middle cuts.
-pub fn rewrite<'a>(request: &'a ChatRequest, how: &Rewrite<'_>) -> Vec<Cow<'a, RawValue>> {
+pub fn messages_through<'a>(request: &'a ChatRequest, how: &Through<'_>) -> Vec<Cow<'a, RawValue>> {
     let (checkpoint, message_tokens, text) = (how.checkpoint, how.tokens, how.text);
     let messages = &request.messages;
     let covered = checkpoint.covered.min(messages.len());
@@ -77,7 +46,7 @@ pub fn rewrite<'a>(request: &'a ChatRequest, how: &Rewrite<'_>) -> Vec<Cow<'a, R
                     &message.raw,
                     &message.view().text,
                     message_tokens.get(i).copied(),
-                    t,
+                    t.keep_tokens,
                 )),
                 None => Cow::Borrowed(&*message.raw),
             };
@@ -112,50 +81,26 @@ fn merge_summary(message: &RawValue, summary: &str) -> Box<RawValue> {
     to_raw(&value)
 }
 
-/// Cuts the middle out of a text so that about `keep_tokens` of `tokens` remain, with a marker
-/// saying how much went.
-pub fn cut_middle(text: &str, tokens: u64, keep_tokens: u64) -> String {
-    if keep_tokens >= tokens {
-        return text.to_string();
-    }
-    let chars = text.chars().count() as u64;
-    let keep_chars = (chars * keep_tokens / tokens.max(1)) as usize;
-    let head = keep_chars / 2;
-    let tail = keep_chars - head;
-    let start_tail = chars as usize - tail;
-    let head_end = text.char_indices().nth(head).map_or(text.len(), |(b, _)| b);
-    let tail_start = text
-        .char_indices()
-        .nth(start_tail)
-        .map_or(text.len(), |(b, _)| b);
-    format!(
-        "{}\n\n[... {} of {} characters (about {} tokens) cut from the middle ...]\n\n{}",
-        &text[..head_end],
-        start_tail - head,
-        chars,
-        tokens - keep_tokens,
-        &text[tail_start..]
-    )
-}
-
 fn truncate_content(
     raw: &RawValue,
     text: &str,
     tokens: Option<u64>,
-    cut: &Truncation,
+    keep_tokens: u64,
 ) -> Box<RawValue> {
     let Ok(mut value) = serde_json::from_str::<Value>(raw.get()) else {
         return raw.to_owned();
     };
     let tokens = tokens.unwrap_or((text.len() / 4) as u64).max(1);
-    value["content"] = Value::String(cut_middle(text, tokens, cut.keep_tokens));
+    value["content"] = Value::String(cut_middle(text, tokens, keep_tokens));
     to_raw(&value)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::Checkpoint;
+    use crate::store::{Checkpoint, Truncation};
+
+    const SUMMARY: &str = "[Context compacted]\n<summary>\nship it; see src/a.rs\n</summary>";
 
     fn request() -> ChatRequest {
         ChatRequest::parse(
@@ -176,14 +121,13 @@ mod tests {
         tokens: &[u64],
         merge_into_user: bool,
     ) -> Vec<Cow<'a, RawValue>> {
-        let text = summary_text(&cp.summary, &cp.files_read, &cp.files_modified);
-        rewrite(
+        messages_through(
             req,
-            &Rewrite {
+            &Through {
                 checkpoint: cp,
                 tokens,
                 merge_into_user,
-                text: &text,
+                text: SUMMARY,
             },
         )
     }
@@ -226,7 +170,7 @@ mod tests {
         assert_eq!(merged.len(), 3);
         let v: Value = serde_json::from_str(merged[1].get()).unwrap();
         let content = v["content"].as_str().unwrap();
-        assert!(content.starts_with(SUMMARY_PREAMBLE) && content.ends_with("three"));
+        assert!(content.starts_with(SUMMARY) && content.ends_with("three"));
     }
 
     #[test]

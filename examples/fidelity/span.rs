@@ -6,8 +6,8 @@
 //! newest `cap` tokens, or, when there is none, the newest user message before them (the span is
 //! then larger than the cap, and says so).
 
-use crate::compaction::plan::{self, PlanInput};
-use crate::request::Role;
+use compactor::compaction::plan::{self, PlanInput};
+use compactor::dialect::Role;
 
 /// The messages a summary replaces.
 #[derive(Debug, Clone, PartialEq, Eq)]

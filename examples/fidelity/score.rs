@@ -15,8 +15,9 @@ use std::sync::LazyLock;
 use regex::Regex;
 use serde_json::Value;
 
-use crate::compaction::files::FileOps;
-use crate::request::{Message, Role};
+use compactor::compaction::files::FileOps;
+use compactor::dialect::chat::request::Message;
+use compactor::dialect::Role;
 
 /// The extraction rules, as stated in the results file.
 pub const RULES: &str = "\

@@ -2,13 +2,13 @@
 //! when no summary could be made and the request does not fit, with its oldest turns dropped
 //! under a marker ([`Engine::fallback`]).
 
-use crate::dialect::Rewrite;
-use crate::measure::{calibration, REPLY_PRIMING};
-use crate::request::Role;
+use crate::dialect::{Role, Through};
+use crate::measure::calibration;
 use crate::store::Checkpoint;
+use crate::tokenizer::REPLY_PRIMING;
 
 use super::conversation::{Conversation, View};
-use super::{rewrite, Engine, Outcome, Prepared};
+use super::{summary_text, Engine, Outcome, Prepared};
 
 /// Room kept for the marker that says turns were dropped.
 const MARKER_TOKENS: u64 = 64;
@@ -27,7 +27,7 @@ impl Engine {
                 outcome,
             };
         };
-        let text = rewrite::summary_text(&cp.summary, &cp.files_read, &cp.files_modified);
+        let text = summary_text::summary_text(&cp.summary, &cp.files_read, &cp.files_modified);
         outcome.compacted = true;
         outcome.checkpoint_id = Some(cp.id.clone());
         outcome.tokens_after = calibration::apply(view.tokens, conversation.factor);
@@ -46,7 +46,7 @@ impl Engine {
         merge_into_user: bool,
     ) -> Vec<u8> {
         conversation.request.render(
-            &Rewrite {
+            &Through {
                 checkpoint,
                 tokens: &conversation.message_tokens,
                 merge_into_user,

@@ -1,5 +1,6 @@
-//! The chat request as it arrived: top-level fields kept as raw JSON in their original order
-//! (unknown fields survive untouched), plus a typed view of what compaction needs.
+//! The chat completions parser: the request as it arrived, top-level fields kept as raw JSON in
+//! their original order (unknown fields survive untouched), `messages` split into messages whose
+//! role is read at once and whose content ([`super::view`]) on first use.
 //!
 //! Messages and `tools` are never re-serialized: the rewritten body splices their original bytes,
 //! so what the client sent reaches the provider byte for byte.
@@ -7,103 +8,13 @@
 use std::borrow::Cow;
 use std::sync::OnceLock;
 
-use indexmap::IndexMap;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use crate::dialect::CallSettings;
+use crate::dialect::splice;
+use crate::dialect::{CallSettings, MessageView, RequestError, Role, MAX_OUTPUT_TOKENS};
 
-mod view;
-pub use view::MessageView;
-
-/// The largest output budget taken from a request (`max_tokens` and the like).
-pub const MAX_OUTPUT_TOKENS: u64 = 1 << 32;
-
-/// Why a body is not a chat request we can handle; each becomes a 400.
-#[derive(Debug, thiserror::Error, PartialEq)]
-pub enum RequestError {
-    #[error("request body is not valid JSON: {message} at line {line} column {column}")]
-    Json {
-        message: String,
-        line: usize,
-        column: usize,
-    },
-    #[error("request body must be a JSON object")]
-    NotObject,
-    #[error("missing required parameter: '{0}'")]
-    Missing(&'static str),
-    #[error("invalid type for '{field}': expected {expected}")]
-    Type {
-        field: &'static str,
-        expected: &'static str,
-    },
-    #[error("invalid message at messages[{index}]: {reason}")]
-    Message { index: usize, reason: String },
-    #[error("invalid item at input[{index}]: {reason}")]
-    Item { index: usize, reason: String },
-}
-
-impl RequestError {
-    /// The request parameter the error is about, for the OpenAI error's `param`.
-    pub fn param(&self) -> Option<String> {
-        match self {
-            RequestError::Missing(f) => Some((*f).to_string()),
-            RequestError::Type { field, .. } => Some((*field).to_string()),
-            RequestError::Message { index, .. } => Some(format!("messages[{index}]")),
-            RequestError::Item { index, .. } => Some(format!("input[{index}]")),
-            _ => None,
-        }
-    }
-}
-
-/// Who wrote a message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Role {
-    System,
-    Developer,
-    User,
-    Assistant,
-    Tool,
-    /// Legacy `function` results and anything unknown: treated like a tool result.
-    Other,
-}
-
-impl Role {
-    fn parse(s: &str) -> Role {
-        match s {
-            "system" => Role::System,
-            "developer" => Role::Developer,
-            "user" => Role::User,
-            "assistant" => Role::Assistant,
-            "tool" | "function" => Role::Tool,
-            _ => Role::Other,
-        }
-    }
-
-    /// System and developer messages are instructions: never summarized, never moved.
-    pub fn is_instruction(self) -> bool {
-        matches!(self, Role::System | Role::Developer)
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::System => "system",
-            Role::Developer => "developer",
-            Role::User => "user",
-            Role::Assistant => "assistant",
-            Role::Tool => "tool",
-            Role::Other => "other",
-        }
-    }
-}
-
-/// A tool call made by an assistant message.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ToolCall {
-    pub id: String,
-    pub name: String,
-    pub arguments: String,
-}
+use super::view;
 
 /// One message: its original bytes, its role, and (read on first use) the rest of what
 /// compaction looks at. Most requests only need roles and hashes: messages seen before are
@@ -119,7 +30,7 @@ pub struct Message {
 #[derive(Debug, Clone)]
 pub struct ChatRequest {
     /// Top-level fields in arrival order, values untouched.
-    fields: IndexMap<String, Box<RawValue>>,
+    fields: splice::Fields,
     /// `max_output_tokens` is `max_completion_tokens`, else `max_tokens`.
     pub settings: CallSettings,
     pub messages: Vec<Message>,
@@ -137,7 +48,7 @@ struct RawRole<'a> {
 /// The body's top level: `messages` split into its elements, every other field kept raw (with
 /// a placeholder marking where `messages` stood).
 struct TopLevel {
-    fields: IndexMap<String, Box<RawValue>>,
+    fields: splice::Fields,
     messages: Option<Messages>,
 }
 
@@ -158,7 +69,7 @@ impl<'de> Deserialize<'de> for TopLevel {
                 self,
                 mut map: A,
             ) -> Result<TopLevel, A::Error> {
-                let mut fields = IndexMap::new();
+                let mut fields = splice::Fields::new();
                 let mut messages = None;
                 while let Some(key) = map.next_key::<String>()? {
                     if key == "messages" {
@@ -226,27 +137,6 @@ impl<'de> Deserialize<'de> for Messages {
     }
 }
 
-impl RequestError {
-    /// A body that is not JSON, with where it stops being JSON.
-    pub fn from_json(e: serde_json::Error) -> RequestError {
-        json_error(e)
-    }
-}
-
-fn json_error(e: serde_json::Error) -> RequestError {
-    let message = e.to_string();
-    // serde_json appends " at line L column C"; the position is reported separately.
-    let message = match message.rfind(" at line ") {
-        Some(i) => message[..i].to_string(),
-        None => message,
-    };
-    RequestError::Json {
-        message,
-        line: e.line(),
-        column: e.column(),
-    }
-}
-
 impl ChatRequest {
     pub fn parse(body: &[u8]) -> Result<ChatRequest, RequestError> {
         // One pass over the body: each message is copied out once, everything else is kept as
@@ -255,21 +145,14 @@ impl ChatRequest {
         let top: TopLevel = match serde_json::from_slice(body) {
             Ok(top) => top,
             Err(e) if e.is_data() => {
-                serde_json::from_slice::<serde::de::IgnoredAny>(body).map_err(json_error)?;
+                serde_json::from_slice::<serde::de::IgnoredAny>(body)
+                    .map_err(RequestError::from_json)?;
                 return Err(RequestError::NotObject);
             }
-            Err(e) => return Err(json_error(e)),
+            Err(e) => return Err(RequestError::from_json(e)),
         };
         let fields = top.fields;
-        let model = match fields.get("model") {
-            None => return Err(RequestError::Missing("model")),
-            Some(raw) => {
-                serde_json::from_str::<String>(raw.get()).map_err(|_| RequestError::Type {
-                    field: "model",
-                    expected: "a string",
-                })?
-            }
-        };
+        let model = splice::required_model(&fields)?;
         let raw_messages = match top.messages {
             None => return Err(RequestError::Missing("messages")),
             Some(Messages::NotArray) => {
@@ -333,43 +216,34 @@ impl ChatRequest {
         messages: impl IntoIterator<Item = &'a RawValue>,
         force_usage: bool,
     ) -> Vec<u8> {
-        let mut out = Vec::with_capacity(self.approx_len());
-        out.push(b'{');
-        let mut first = true;
-        let mut wrote_stream_options = false;
+        let wrote_stream_options = std::cell::Cell::new(false);
         let mut messages = Some(messages);
-        for (key, value) in &self.fields {
-            if !first {
-                out.push(b',');
-            }
-            first = false;
-            write_key(&mut out, key);
-            if key == "messages" {
-                out.push(b'[');
-                for (i, m) in messages.take().into_iter().flatten().enumerate() {
-                    if i > 0 {
-                        out.push(b',');
-                    }
-                    out.extend_from_slice(m.get().as_bytes());
+        splice::write_object(
+            &self.fields,
+            self.approx_len(),
+            |key, value, out| {
+                if key == "messages" {
+                    splice::write_array(out, messages.take().into_iter().flatten());
+                } else if key == "stream_options" && force_usage {
+                    let mut opts = serde_json::from_str::<serde_json::Value>(value.get())
+                        .ok()
+                        .filter(|v| v.is_object())
+                        .unwrap_or_else(|| serde_json::json!({}));
+                    opts["include_usage"] = serde_json::Value::Bool(true);
+                    out.extend_from_slice(opts.to_string().as_bytes());
+                    wrote_stream_options.set(true);
+                } else {
+                    out.extend_from_slice(value.get().as_bytes());
                 }
-                out.push(b']');
-            } else if key == "stream_options" && force_usage {
-                let mut opts = serde_json::from_str::<serde_json::Value>(value.get())
-                    .ok()
-                    .filter(|v| v.is_object())
-                    .unwrap_or_else(|| serde_json::json!({}));
-                opts["include_usage"] = serde_json::Value::Bool(true);
-                out.extend_from_slice(opts.to_string().as_bytes());
-                wrote_stream_options = true;
-            } else {
-                out.extend_from_slice(value.get().as_bytes());
-            }
-        }
-        if force_usage && !wrote_stream_options {
-            out.extend_from_slice(br#","stream_options":{"include_usage":true}"#);
-        }
-        out.push(b'}');
-        out
+            },
+            |out| {
+                if force_usage && !wrote_stream_options.get() {
+                    let comma = if self.fields.is_empty() { "" } else { "," };
+                    out.extend_from_slice(comma.as_bytes());
+                    out.extend_from_slice(br#""stream_options":{"include_usage":true}"#);
+                }
+            },
+        )
     }
 
     /// The original request, re-serialized without changes to `messages`.
@@ -383,12 +257,6 @@ impl ChatRequest {
             .map(|(k, v)| k.len() + v.get().len() + 4)
             .sum()
     }
-}
-
-fn write_key(out: &mut Vec<u8>, key: &str) {
-    // Keys came from valid JSON; re-escaping through serde keeps any escapes valid.
-    out.extend_from_slice(serde_json::to_string(key).unwrap_or_default().as_bytes());
-    out.push(b':');
 }
 
 impl Message {
@@ -412,7 +280,7 @@ impl Message {
 
     /// Content, name and tool calls, decoded on first use.
     pub fn view(&self) -> &MessageView {
-        self.view.get_or_init(|| MessageView::read(&self.raw))
+        self.view.get_or_init(|| view::read(&self.raw))
     }
 }
 

@@ -1,5 +1,5 @@
 use super::*;
-use crate::request::ChatRequest;
+use compactor::dialect::chat::request::ChatRequest;
 
 fn conversation() -> ChatRequest {
     ChatRequest::parse(

@@ -1,0 +1,131 @@
+//! The vocabulary every dialect speaks to the core: who wrote an element ([`Role`]), what it
+//! says as text ([`MessageView`], [`ToolCall`]), and why a body or a summary answer cannot be
+//! used ([`RequestError`], [`AnswerError`]). Part of the seam: it imports nothing of the crate.
+
+/// Why a body is not a request the proxy can handle, in any dialect; each becomes a 400 in
+/// the client's own error shape.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum RequestError {
+    #[error("request body is not valid JSON: {message} at line {line} column {column}")]
+    Json {
+        message: String,
+        line: usize,
+        column: usize,
+    },
+    #[error("request body must be a JSON object")]
+    NotObject,
+    #[error("missing required parameter: '{0}'")]
+    Missing(&'static str),
+    #[error("invalid type for '{field}': expected {expected}")]
+    Type {
+        field: &'static str,
+        expected: &'static str,
+    },
+    #[error("invalid message at messages[{index}]: {reason}")]
+    Message { index: usize, reason: String },
+    #[error("invalid item at input[{index}]: {reason}")]
+    Item { index: usize, reason: String },
+}
+
+impl RequestError {
+    /// The request parameter the error is about, for the OpenAI error's `param`.
+    pub fn param(&self) -> Option<String> {
+        match self {
+            RequestError::Missing(f) => Some((*f).to_string()),
+            RequestError::Type { field, .. } => Some((*field).to_string()),
+            RequestError::Message { index, .. } => Some(format!("messages[{index}]")),
+            RequestError::Item { index, .. } => Some(format!("input[{index}]")),
+            _ => None,
+        }
+    }
+}
+
+impl RequestError {
+    /// A body that is not JSON, with where it stops being JSON.
+    pub fn from_json(e: serde_json::Error) -> RequestError {
+        let message = e.to_string();
+        // serde_json appends " at line L column C"; the position is reported separately.
+        let message = match message.rfind(" at line ") {
+            Some(i) => message[..i].to_string(),
+            None => message,
+        };
+        RequestError::Json {
+            message,
+            line: e.line(),
+            column: e.column(),
+        }
+    }
+}
+
+/// Who wrote a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Role {
+    System,
+    Developer,
+    User,
+    Assistant,
+    Tool,
+    /// Legacy `function` results and anything unknown: treated like a tool result.
+    Other,
+}
+
+impl Role {
+    /// A chat role name; an unknown one is [`Role::Other`].
+    pub fn parse(s: &str) -> Role {
+        match s {
+            "system" => Role::System,
+            "developer" => Role::Developer,
+            "user" => Role::User,
+            "assistant" => Role::Assistant,
+            "tool" | "function" => Role::Tool,
+            _ => Role::Other,
+        }
+    }
+
+    /// System and developer messages are instructions: never summarized, never moved.
+    pub fn is_instruction(self) -> bool {
+        matches!(self, Role::System | Role::Developer)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::System => "system",
+            Role::Developer => "developer",
+            Role::User => "user",
+            Role::Assistant => "assistant",
+            Role::Tool => "tool",
+            Role::Other => "other",
+        }
+    }
+}
+
+/// A tool call made by an assistant message.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolCall {
+    pub id: String,
+    pub name: String,
+    pub arguments: String,
+}
+
+/// A message's content as compaction reads it.
+#[derive(Debug, Clone, Default)]
+pub struct MessageView {
+    /// Text of the content (string content, or the text parts joined by newlines).
+    pub text: String,
+    /// Number of image (or other non-text media) parts.
+    pub media_parts: usize,
+    pub name: Option<String>,
+    pub tool_calls: Vec<ToolCall>,
+    pub tool_call_id: Option<String>,
+}
+
+/// Why a summary answer cannot be used.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum AnswerError {
+    #[error("the summary answer is not in the expected shape")]
+    Malformed,
+    #[error("summarizer returned an empty summary")]
+    Empty,
+    #[error("summary was cut off by the token limit")]
+    Truncated,
+}
