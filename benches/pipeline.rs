@@ -161,7 +161,7 @@ fn identify_plan_rewrite(c: &mut Criterion) {
                 merge_into_user: false,
                 text: &text,
             };
-            WireRequest::render(&request, &how, false).len()
+            WireRequest::render(&request, &how).len()
         })
     });
     group.finish();

@@ -187,12 +187,11 @@ pub async fn run_tool(command: Command) -> Result<(), String> {
                 credentials,
                 mode: if force { Mode::Force } else { Mode::Auto },
                 instructions: None,
-                force_usage: false,
             };
             let started = std::time::Instant::now();
             let request: Arc<dyn crate::dialect::WireRequest> = Arc::new(request);
             let prepared = Arc::clone(&app.engine)
-                .prepare(&context, &request, None)
+                .prepare(&context, &request)
                 .await
                 .map_err(|e| e.to_string())?;
             let o = &prepared.outcome;

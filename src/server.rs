@@ -20,7 +20,7 @@ use crate::compaction::Engine;
 use crate::config::{redact_url, Config};
 use crate::dialect::responses::sealed::Sealer;
 use crate::dialect::{anthropic::Messages, chat::Chat, responses::Responses, Dialect};
-use crate::http::client_compaction::ClientCompaction;
+use crate::http::app::ClientCompaction;
 use crate::http::gateway_keys::GatewayKeys;
 use crate::http::limits::{ConnectionLimits, Limits};
 use crate::http::parse_error_bodies::{Answered, ParseErrorBodies};

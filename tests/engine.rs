@@ -167,14 +167,10 @@ async fn prepare(setup: &Setup, messages: &[Value]) -> Prepared {
         .unwrap()
 }
 
-/// The compaction a client asks for, of all of `messages`, counted first as the proxy does.
+/// The compaction a client asks for, of all of `messages`.
 async fn compact_whole(setup: &Setup, messages: &[Value]) -> Result<Checkpoint, SummaryError> {
     let request = request(messages);
-    let measured = setup.engine.meter().measure(request.as_ref());
-    setup
-        .engine
-        .compact_whole(&context(), &request, measured)
-        .await
+    setup.engine.compact_whole(&context(), &request).await
 }
 
 /// Every call to the engine goes through here.
@@ -183,7 +179,7 @@ async fn prepare_as(
     context: &RequestContext,
     request: &Arc<dyn WireRequest>,
 ) -> Result<Prepared, CannotFit> {
-    setup.engine.prepare(context, request, None).await
+    setup.engine.prepare(context, request).await
 }
 
 fn sent_messages(prepared: &Prepared) -> Vec<Value> {

@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use crate::identity;
 
 use super::conversation::{matches_prefix, Conversation, View};
-use super::{Engine, Mode, RequestContext};
+use super::{Engine, Mode, RequestContext, Trigger};
 use crate::measure::calibration;
 
 impl Engine {
@@ -37,11 +37,11 @@ impl Engine {
         }
         let engine = self.clone();
         let context = context.clone();
-        let request = conversation.request.clone();
+        // The summary outlives this request: it takes a copy of the conversation (counts and
+        // chain, not counted or hashed again).
+        let conversation = conversation.clone();
         let base = view.checkpoint.cloned();
         tokio::spawn(async move {
-            let (facts, _) = engine.model_facts(request.model()).await;
-            let conversation = engine.identify(&context, &request, facts);
             // A ready checkpoint that covers more than the one in use already exists: done.
             let existing = engine.store.for_anchor(&identity::hex(&anchor)).await.ok();
             let ready = existing.is_some_and(|list| {
@@ -54,18 +54,16 @@ impl Engine {
             if !ready {
                 let started = Instant::now();
                 match engine
-                    .compact(&context, &conversation, base.as_ref(), false, true, started)
+                    .compact(
+                        &context,
+                        &conversation,
+                        base.as_ref(),
+                        Trigger::AheadOfTime,
+                        started,
+                    )
                     .await
                 {
-                    Ok(_) => {
-                        engine
-                            .metrics
-                            .compactions
-                            .get_or_create(&crate::metrics::TriggerLabel {
-                                trigger: "ahead_of_time",
-                            })
-                            .inc();
-                    }
+                    Ok(_) => engine.count_compaction(Trigger::AheadOfTime),
                     Err(e) => tracing::info!(
                         reason = %e,
                         cause = %super::summarizer::with_causes(&e),

@@ -18,7 +18,7 @@ use super::conversation::{Conversation, View};
 use super::plan::{self, PlanError, PlanInput};
 use super::{
     files, prompt, record, summarizer, Engine, Mode, Outcome, Prepared, RequestContext, Status,
-    SummaryError,
+    SummaryError, Trigger,
 };
 
 /// One fold: the summary of `span` (elements of the conversation, with their `views`) into
@@ -28,7 +28,7 @@ pub(super) struct Fold<'a> {
     plan: &'a plan::Plan,
     span: &'a [usize],
     views: &'a [(Role, MessageView)],
-    ahead_of_time: bool,
+    trigger: Trigger,
 }
 
 impl Engine {
@@ -39,35 +39,18 @@ impl Engine {
         context: &RequestContext,
         conversation: &Conversation,
         view: &View<'_>,
-        after_overflow: bool,
+        trigger: Trigger,
         mut outcome: Outcome,
     ) -> Prepared {
-        let trigger = if after_overflow {
-            "overflow"
-        } else if context.mode == Mode::Force {
-            "forced"
-        } else {
-            "threshold"
-        };
         let started = Instant::now();
         let result = self
-            .compact(
-                context,
-                conversation,
-                view.checkpoint,
-                after_overflow,
-                false,
-                started,
-            )
+            .compact(context, conversation, view.checkpoint, trigger, started)
             .await;
         outcome.summary_time = started.elapsed();
         match result {
             Ok((checkpoint, summarized)) => {
                 if summarized {
-                    self.metrics
-                        .compactions
-                        .get_or_create(&crate::metrics::TriggerLabel { trigger })
-                        .inc();
+                    self.count_compaction(trigger);
                     outcome.summarized = true;
                 } else if checkpoint.ahead_of_time {
                     outcome.ready_checkpoint_used = true;
@@ -99,8 +82,7 @@ impl Engine {
         &self,
         conversation: &Conversation,
         base: Option<&Checkpoint>,
-        harder: bool,
-        ahead_of_time: bool,
+        trigger: Trigger,
     ) -> Result<plan::Plan, SummaryError> {
         let fixed = Self::instruction_tokens(conversation)
             + conversation.measured.head_tokens
@@ -117,14 +99,14 @@ impl Engine {
         // next compaction; counts are raw tokens, so undo the calibration factor.
         let mut keep = ((usable / 2) as f64 / conversation.factor) as u64;
         keep = keep.min(self.config.keep_recent_tokens);
-        if harder {
+        if trigger.harder() {
             keep /= 2;
         }
         if conversation.mode == Mode::Force {
             // Asked to compact now (`/compact`): keep only the newest quarter of the conversation.
             keep = keep.min(conversation.measured.total() / 4);
         }
-        if ahead_of_time {
+        if trigger.ahead_of_time() {
             // Written now, applied later: leave room for what the conversation adds until then.
             let current = self.view(conversation, base).tokens;
             let growth = (conversation.limit.saturating_sub(conversation.reserve) as f64
@@ -170,7 +152,7 @@ impl Engine {
         conversation: &Conversation,
         base: Option<&Checkpoint>,
         plan: &plan::Plan,
-        ahead_of_time: bool,
+        trigger: Trigger,
     ) -> Result<Checkpoint, SummaryError> {
         let request = &conversation.request;
         let input = PlanInput {
@@ -198,7 +180,7 @@ impl Engine {
                     plan,
                     span: &span,
                     views: &views,
-                    ahead_of_time,
+                    trigger,
                 },
             ),
         )
@@ -207,15 +189,8 @@ impl Engine {
         self.metrics
             .summary_seconds
             .observe(started.elapsed().as_secs_f64());
-        let mut checkpoint = self.new_checkpoint(
-            context,
-            conversation,
-            base,
-            plan,
-            summary,
-            &views,
-            ahead_of_time,
-        )?;
+        let mut checkpoint =
+            self.new_checkpoint(context, conversation, base, plan, summary, &views, trigger)?;
         let saved = match self.fill_figures(conversation, base, &mut checkpoint) {
             Some(saved) => saved,
             // Asked for by the client, which replaces its history with it: stored even when it
@@ -233,7 +208,7 @@ impl Engine {
             covered = checkpoint.covered,
             tokens_before = checkpoint.tokens_before,
             tokens_after = checkpoint.tokens_after,
-            ahead_of_time,
+            trigger = trigger.label(),
             "Compacted a conversation."
         );
         Ok(checkpoint)
@@ -266,7 +241,7 @@ impl Engine {
         plan: &plan::Plan,
         summary: String,
         views: &[(Role, MessageView)],
-        ahead_of_time: bool,
+        trigger: Trigger,
     ) -> Result<Checkpoint, SummaryError> {
         let mut files = match base {
             Some(b) => files::FileOps::from_lists(&b.files_read, &b.files_modified),
@@ -296,7 +271,7 @@ impl Engine {
             tokens_after: 0,
             created_ms,
             model: conversation.request.model().to_string(),
-            ahead_of_time,
+            ahead_of_time: trigger.ahead_of_time(),
         })
     }
 
@@ -344,7 +319,7 @@ impl Engine {
             &partial,
             summary,
             &fold.views[..folded],
-            fold.ahead_of_time,
+            fold.trigger,
         ) else {
             return;
         };

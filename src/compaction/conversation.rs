@@ -9,7 +9,7 @@ use crate::measure::{calibration, Measured};
 use crate::store::{Checkpoint, ModelFacts};
 use crate::tokenizer::REPLY_PRIMING;
 
-use super::{summary_text, Applied, CannotFit, Engine, Mode, Outcome, RequestContext};
+use super::{Applied, CannotFit, Engine, Mode, Outcome, RequestContext};
 
 /// The conversation as seen through a checkpoint: which messages are sent and what they cost.
 pub(super) struct View<'c> {
@@ -19,6 +19,7 @@ pub(super) struct View<'c> {
 }
 
 /// Everything about one request that the stages share.
+#[derive(Clone)]
 pub(super) struct Conversation {
     pub(super) request: Arc<dyn WireRequest>,
     pub(super) measured: Measured,
@@ -31,7 +32,6 @@ pub(super) struct Conversation {
     /// `window - margin`.
     pub(super) limit: u64,
     pub(super) reserve: u64,
-    pub(super) force_usage: bool,
     pub(super) mode: Mode,
 }
 
@@ -52,20 +52,9 @@ pub(super) fn covers_all(checkpoint: &Checkpoint, conversation: &Conversation) -
 }
 
 impl Engine {
-    /// Stage `identify`: counts and hashes the messages, finds the anchor, and works out the
-    /// window, margin and output reserve for the model.
+    /// Stage `identify`: hashes the measured elements into the conversation's chain, finds the
+    /// anchor, and works out the window, margin and output reserve for the model.
     pub(super) fn identify(
-        &self,
-        context: &RequestContext,
-        request: &Arc<dyn WireRequest>,
-        facts: ModelFacts,
-    ) -> Conversation {
-        let measured = self.meter.measure(request.as_ref());
-        self.identify_measured(context, request, facts, measured)
-    }
-
-    /// [`Engine::identify`] of a request this engine's meter has just measured.
-    pub(super) fn identify_measured(
         &self,
         context: &RequestContext,
         request: &Arc<dyn WireRequest>,
@@ -80,25 +69,40 @@ impl Engine {
         let first_turn = roles.iter().position(|r| !r.is_instruction());
         let anchor = identity::anchor(&chain, first_turn);
         let message_tokens = measured.elements.iter().map(|m| m.tokens).collect();
-        let (window, _) = self.windows.window(request.model(), facts.window);
-        let factor = facts
-            .calibration
-            .unwrap_or_else(|| calibration::initial_factor(request.model()));
-        let margin = self.config.margin_tokens.min(window / 16);
-        let reserve = request.output_reserve(self.config.reserve_output_tokens.min(window / 4));
-        Conversation {
+        let conversation = Conversation {
             request: request.clone(),
             measured,
             chain,
             anchor,
             roles,
             message_tokens,
+            factor: 1.0,
+            window: 0,
+            limit: 0,
+            reserve: 0,
+            mode: context.mode,
+        };
+        self.with_facts(conversation, facts)
+    }
+
+    /// `conversation` with the window, margin, output reserve and correction that `facts` give
+    /// for its model (learned again after an overflow; nothing else changes).
+    pub(super) fn with_facts(&self, conversation: Conversation, facts: ModelFacts) -> Conversation {
+        let model = conversation.request.model();
+        let (window, _) = self.windows.window(model, facts.window);
+        let factor = facts
+            .calibration
+            .unwrap_or_else(|| calibration::initial_factor(model));
+        let margin = self.config.margin_tokens.min(window / 16);
+        let reserve = conversation
+            .request
+            .output_reserve(self.config.reserve_output_tokens.min(window / 4));
+        Conversation {
             factor,
             window,
             limit: window.saturating_sub(margin),
             reserve,
-            force_usage: context.force_usage,
-            mode: context.mode,
+            ..conversation
         }
     }
 
@@ -176,11 +180,7 @@ impl Engine {
         if let Some(tokens) = self.summary_tokens.get(&key) {
             return tokens;
         }
-        let text = summary_text::summary_text(
-            &checkpoint.summary,
-            &checkpoint.files_read,
-            &checkpoint.files_modified,
-        );
+        let text = self.summary_text(checkpoint);
         let tokens = request.summary_tokens(encoding, &text);
         self.summary_tokens.insert(key, tokens);
         tokens

@@ -2,23 +2,28 @@
 //!
 //! The engine sees a request only through [`WireRequest`]: elements with roles, canonical
 //! hashes, token counts, transcripts and views, and a way to render the request through a
-//! checkpoint. It never reads a wire format itself.
+//! checkpoint. It imports the dialect seam and never a dialect, so it never reads a wire format.
 //!
 //! [`Engine::prepare`] runs the stages in order, each a method named after its stage:
 //!
-//! 1. `identify` ([`conversation`]): the hash chain, the anchor, the model's window and budget;
-//! 2. `measure`: what the request costs as the client sent it;
-//! 3. `stored_checkpoints` / `apply_checkpoint`: the newest stored checkpoint whose prefix
+//! 1. `count`: the request's tokens, on the blocking pool when it is large;
+//! 2. `identify` ([`conversation`]): the hash chain, the anchor, the model's window and budget;
+//! 3. `measure`: what the request costs as the client sent it;
+//! 4. `stored_checkpoints` / `apply_checkpoint`: the newest stored checkpoint whose prefix
 //!    matches, and whether the request fits through it (or through one prepared ahead of time);
-//! 4. `check_fits_at_all`, then the backoff after failed compactions ([`single_flight`]);
-//! 5. `summarize` ([`summary`]): plan the cut ([`plan`]), write the summary once per
-//!    conversation across replicas ([`single_flight`]), store the checkpoint;
-//! 6. `rewrite` ([`finish`]): the body through the checkpoint ([`rewrite`]), or a marked
-//!    fallback when no summary could be made.
+//! 5. `check_fits_at_all`, then the backoff after failed compactions ([`single_flight`]);
+//! 6. `summarize` ([`compact`]): plan the cut ([`plan`]), write the summary once per
+//!    conversation across replicas ([`single_flight`]) with the wording of [`prompt`], store
+//!    the checkpoint;
+//! 7. `rewrite` ([`render`]): the body through the checkpoint (its text from [`summary_text`],
+//!    written in the request's own format by its dialect), or a marked fallback when no summary
+//!    could be made.
 //!
-//! What responses teach (real windows from overflow errors, calibration from `usage`) lives in
-//! [`learn`]; summaries made in the background before they are needed, in [`ahead_of_time`].
-//! The pure parts ([`plan`], [`rewrite`], [`summarize`], [`files`], [`record`]) do no I/O.
+//! A retry after the provider's overflow ([`Engine::retry_after_overflow`]) starts again at
+//! stage 4 with the window it learned, on the conversation stage 2 identified. What responses
+//! teach (real windows from overflow errors, calibration from `usage`) lives in [`learn`];
+//! summaries made in the background before they are needed, in [`ahead_of_time`]. The pure parts
+//! ([`plan`], [`prompt`], [`summary_text`], [`files`], [`record`]) do no I/O.
 
 mod ahead_of_time;
 mod compact;
@@ -46,9 +51,15 @@ use crate::identity::Hash;
 use crate::measure::{calibration, windows::WindowTable, Measured, Meter};
 use crate::metrics::Metrics;
 use crate::store::{CheckpointStore, ModelFacts};
-use crate::tokenizer::Encoding;
+use crate::tokenizer::{Cancel, Encoding};
 
 use conversation::{covers_all, Conversation, View};
+
+/// Requests up to this size (their elements' and head's bytes) are counted on the async worker
+/// that has them. Counting is linear in the text, so that is a fraction of a millisecond (a few
+/// at worst, for a run without whitespace), less than the thread hand-offs of the blocking pool
+/// cost the small requests most clients send.
+const COUNT_INLINE_MAX_BYTES: usize = 4 * 1024;
 pub use summarizer::{Summarizer, SummarizerError};
 
 /// What the client asked for in `x-compactor-mode`, or by asking for a compaction in its own
@@ -85,8 +96,52 @@ pub struct RequestContext {
     pub mode: Mode,
     /// `x-compactor-instructions`.
     pub instructions: Option<String>,
-    /// Ask a streaming upstream for `stream_options.include_usage` (for calibration).
-    pub force_usage: bool,
+}
+
+/// Why a summary is written: one name for the plan's choices, the log and the metric label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trigger {
+    /// The request does not fit its window.
+    Threshold,
+    /// The client asked for a compaction now (`x-compactor-mode: force`).
+    Forced,
+    /// The provider refused the previous attempt as too long: compact harder.
+    Overflow,
+    /// The conversation passed the soft threshold: written in the background, applied later.
+    AheadOfTime,
+    /// The client asked for its whole conversation to be summarized, to replace its history.
+    Client,
+}
+
+impl Trigger {
+    /// The `trigger` label of `compactor_compactions_total`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Trigger::Threshold => "threshold",
+            Trigger::Forced => "forced",
+            Trigger::Overflow => "overflow",
+            Trigger::AheadOfTime => "ahead_of_time",
+            Trigger::Client => "client",
+        }
+    }
+
+    /// Whether the plan keeps less verbatim than usual (the provider's window was smaller than
+    /// we thought).
+    fn harder(self) -> bool {
+        self == Trigger::Overflow
+    }
+
+    /// Whether the checkpoint is made before it is needed.
+    fn ahead_of_time(self) -> bool {
+        self == Trigger::AheadOfTime
+    }
+}
+
+/// A request as [`Engine::prepare_identified`] found it: its conversation (counts, hash chain,
+/// anchor) and the stored checkpoints that match it, for a retry that needs them again.
+pub struct Identified {
+    conversation: Conversation,
+    checkpoints: Vec<crate::store::Checkpoint>,
 }
 
 /// Why a compaction did not happen or did not work; shown in `x-compactor-compaction`.
@@ -210,8 +265,10 @@ pub struct Engine {
     unproductive: DashMap<Hash, single_flight::Unproductive>,
     /// Background summaries running, by conversation anchor.
     background: DashMap<Hash, ()>,
-    /// Token counts of summary messages, by encoding and checkpoint id.
+    /// Token counts of summary messages, by dialect, encoding and checkpoint id.
     summary_tokens: quick_cache::sync::Cache<(&'static str, Encoding, String), u64>,
+    /// Summary texts, by checkpoint id ([`Engine::summary_text`]).
+    summary_texts: quick_cache::sync::Cache<String, Arc<str>>,
     replica: String,
     attempts: AtomicU64,
 }
@@ -248,6 +305,7 @@ impl Engine {
             unproductive: DashMap::new(),
             background: DashMap::new(),
             summary_tokens: quick_cache::sync::Cache::new(10_000),
+            summary_texts: quick_cache::sync::Cache::new(1_000),
             replica: format!("{:016x}", rand::random::<u64>()),
             attempts: AtomicU64::new(0),
         }
@@ -279,66 +337,123 @@ impl Engine {
         &self.meter
     }
 
-    /// Measures a request and decides what to send. `overflow` is set when the provider just
-    /// refused the previous attempt as too long.
+    /// Measures a request and decides what to send.
     pub async fn prepare(
         self: &Arc<Self>,
         context: &RequestContext,
         request: &Arc<dyn WireRequest>,
-        overflow: Option<Overflow>,
     ) -> Result<Prepared, CannotFit> {
-        let measured = self.meter.measure(request.as_ref());
-        self.prepare_measured(context, request, measured, overflow)
-            .await
+        Ok(self.prepare_identified(context, request).await?.0)
     }
 
-    /// [`Engine::prepare`] of a request already measured with [`Engine::meter`]: the proxy
-    /// counts a large body on the blocking pool first, and need not hash it all again.
-    pub async fn prepare_measured(
+    /// [`Engine::prepare`], keeping what it learned of the request (its conversation, counts and
+    /// matching checkpoints) for [`Engine::retry_after_overflow`].
+    pub async fn prepare_identified(
         self: &Arc<Self>,
         context: &RequestContext,
         request: &Arc<dyn WireRequest>,
-        measured: Measured,
-        overflow: Option<Overflow>,
-    ) -> Result<Prepared, CannotFit> {
+    ) -> Result<(Prepared, Identified), CannotFit> {
+        let measured = self.count(request).await;
         let (facts, facts_degraded) = self.model_facts(request.model()).await;
-        let conversation = self.identify_measured(context, request, facts, measured);
+        let conversation = self.identify(context, request, facts, measured);
         let mut outcome = self.measure(&conversation, facts_degraded);
         if !self.config.enabled || context.mode == Mode::Off || conversation.anchor.is_none() {
+            let prepared = Prepared {
+                body: request.original_body(),
+                outcome,
+            };
+            let identified = Identified {
+                conversation,
+                checkpoints: vec![],
+            };
+            return Ok((prepared, identified));
+        }
+        let checkpoints = self.stored_checkpoints(&conversation, &mut outcome).await;
+        let trigger = match context.mode {
+            Mode::Force => Trigger::Forced,
+            _ => Trigger::Threshold,
+        };
+        let prepared = self
+            .compact_if_needed(context, &conversation, &checkpoints, trigger, outcome)
+            .await?;
+        let identified = Identified {
+            conversation,
+            checkpoints,
+        };
+        Ok((prepared, identified))
+    }
+
+    /// The provider refused what [`Engine::prepare_identified`] sent as too long: learns the
+    /// window from `overflow` (`sent_raw_tokens` is our count of what was sent), and prepares the
+    /// same request again, compacted harder, without counting, hashing or looking it up again.
+    pub async fn retry_after_overflow(
+        self: &Arc<Self>,
+        context: &RequestContext,
+        identified: Identified,
+        overflow: Overflow,
+        sent_raw_tokens: u64,
+    ) -> Result<Prepared, CannotFit> {
+        let Identified {
+            conversation,
+            checkpoints,
+        } = identified;
+        let model = conversation.request.model().to_string();
+        self.learn_overflow(&model, overflow, sent_raw_tokens).await;
+        let (facts, facts_degraded) = self.model_facts(&model).await;
+        let conversation = self.with_facts(conversation, facts);
+        let outcome = self.measure(&conversation, facts_degraded);
+        if conversation.anchor.is_none() {
             return Ok(Prepared {
-                body: request.original_body(context.force_usage),
+                body: conversation.request.original_body(),
                 outcome,
             });
         }
-        let checkpoints = self.stored_checkpoints(&conversation, &mut outcome).await;
-        let forced = context.mode == Mode::Force || overflow.is_some();
+        self.compact_if_needed(
+            context,
+            &conversation,
+            &checkpoints,
+            Trigger::Overflow,
+            outcome,
+        )
+        .await
+    }
+
+    /// Stages `apply_checkpoint` to `rewrite`: through a stored checkpoint when that fits (a
+    /// [`Trigger::Threshold`] request only), else through a new summary, else a marked fallback.
+    async fn compact_if_needed(
+        self: &Arc<Self>,
+        context: &RequestContext,
+        conversation: &Conversation,
+        checkpoints: &[crate::store::Checkpoint],
+        trigger: Trigger,
+        mut outcome: Outcome,
+    ) -> Result<Prepared, CannotFit> {
+        let forced = trigger != Trigger::Threshold;
         let view =
-            match self.apply_checkpoint(context, &conversation, &checkpoints, forced, &mut outcome)
-            {
+            match self.apply_checkpoint(context, conversation, checkpoints, forced, &mut outcome) {
                 Applied::Ready(prepared) => return Ok(prepared),
                 Applied::OverLimit(view) => view,
             };
-        self.check_fits_at_all(&conversation)?;
+        self.check_fits_at_all(conversation)?;
         if let Some(status) = self.backing_off(context, conversation.anchor) {
             outcome.status = Some(status);
-            return Ok(self.fallback(&conversation, &view, outcome));
+            return Ok(self.fallback(conversation, &view, outcome));
         }
         Ok(self
-            .summarize(context, &conversation, &view, overflow.is_some(), outcome)
+            .summarize(context, conversation, &view, trigger, outcome)
             .await)
     }
 
     /// The request through the newest stored checkpoint of its conversation, summarizing
     /// nothing: what the model would be sent now (for the providers' token-counting endpoints).
-    /// `measured` is the request as [`Engine::meter`] counted it.
     pub async fn through_checkpoint(
         self: &Arc<Self>,
         context: &RequestContext,
         request: &Arc<dyn WireRequest>,
-        measured: Measured,
     ) -> Vec<u8> {
+        let measured = self.count(request).await;
         let (facts, _) = self.model_facts(request.model()).await;
-        let conversation = self.identify_measured(context, request, facts, measured);
+        let conversation = self.identify(context, request, facts, measured);
         let mut outcome = Outcome::default();
         let checkpoints = self.stored_checkpoints(&conversation, &mut outcome).await;
         let newest = checkpoints.iter().find(|c| !c.ahead_of_time);
@@ -349,20 +464,19 @@ impl Engine {
     /// Summarizes the whole conversation, instructions aside, into one checkpoint (extending
     /// the newest stored one that covers a prefix of it), for a client that asked for a
     /// compaction and will send the summary back in place of its history. A checkpoint that
-    /// already covers everything is returned as it is. `measured` is the request as
-    /// [`Engine::meter`] counted it.
+    /// already covers everything is returned as it is.
     pub async fn compact_whole(
         self: &Arc<Self>,
         context: &RequestContext,
         request: &Arc<dyn WireRequest>,
-        measured: Measured,
     ) -> Result<crate::store::Checkpoint, SummaryError> {
         let context = RequestContext {
             mode: Mode::Whole,
             ..context.clone()
         };
+        let measured = self.count(request).await;
         let (facts, _) = self.model_facts(request.model()).await;
-        let conversation = self.identify_measured(&context, request, facts, measured);
+        let conversation = self.identify(&context, request, facts, measured);
         let mut outcome = Outcome::default();
         let checkpoints = self.stored_checkpoints(&conversation, &mut outcome).await;
         if let Some(whole) = checkpoints.iter().find(|c| covers_all(c, &conversation)) {
@@ -374,18 +488,71 @@ impl Engine {
                 &context,
                 &conversation,
                 base,
-                false,
-                false,
+                Trigger::Client,
                 tokio::time::Instant::now(),
             )
             .await?;
         if summarized {
-            self.metrics
-                .compactions
-                .get_or_create(&crate::metrics::TriggerLabel { trigger: "client" })
-                .inc();
+            self.count_compaction(Trigger::Client);
         }
         Ok(checkpoint)
+    }
+
+    /// Counts one summary written for `trigger`.
+    fn count_compaction(&self, trigger: Trigger) {
+        self.metrics
+            .compactions
+            .get_or_create(&crate::metrics::TriggerLabel {
+                trigger: trigger.label(),
+            })
+            .inc();
+    }
+
+    /// Counts the request's tokens: a small request on this worker, a large one on the blocking
+    /// pool, so that an odd body never holds up the async workers (health checks, other
+    /// clients); the count stops when this future is dropped (the client left). Counts land in
+    /// the meter's cache either way.
+    async fn count(&self, request: &Arc<dyn WireRequest>) -> Measured {
+        let bytes: usize = (0..request.len())
+            .map(|i| request.raw(i).len())
+            .sum::<usize>()
+            + request.head_parts().iter().map(|p| p.len()).sum::<usize>();
+        if bytes <= COUNT_INLINE_MAX_BYTES {
+            return self.meter.measure(request.as_ref());
+        }
+        let cancel = Cancel::default();
+        let _cancel_when_dropped = cancel.on_drop();
+        let (meter, counted_request) = (self.meter.clone(), request.clone());
+        let counted = tokio::task::spawn_blocking(move || {
+            meter.measure_cancellable(counted_request.as_ref(), &cancel)
+        })
+        .await;
+        match counted {
+            Ok(Some(measured)) => measured,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            // Cancelled only when this future is dropped, or the runtime is shutting down: what
+            // was counted is cached, and the rest is counted here.
+            Ok(None) | Err(_) => self.meter.measure(request.as_ref()),
+        }
+    }
+
+    /// The text the model reads in place of what `checkpoint` covers. A checkpoint never
+    /// changes, so its text is built once, not on every request through it.
+    pub fn summary_text(&self, checkpoint: &crate::store::Checkpoint) -> Arc<str> {
+        if let Some(text) = self.summary_texts.get(&checkpoint.id) {
+            return text;
+        }
+        let text: Arc<str> = summary_text::summary_text(
+            &checkpoint.summary,
+            &checkpoint.files_read,
+            &checkpoint.files_modified,
+        )
+        .into();
+        if !checkpoint.id.is_empty() {
+            self.summary_texts
+                .insert(checkpoint.id.clone(), text.clone());
+        }
+        text
     }
 
     /// The request as the client sent it: its size, calibrated, against the window.

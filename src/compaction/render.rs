@@ -1,4 +1,4 @@
-//! The last stage: the body that goes upstream, through a checkpoint ([`Engine::rewrite`]) or,
+//! Stage `rewrite`: the body that goes upstream, through a checkpoint ([`Engine::rewrite`]) or,
 //! when no summary could be made and the request does not fit, with its oldest turns dropped
 //! under a marker ([`Engine::fallback`]).
 
@@ -8,7 +8,7 @@ use crate::store::Checkpoint;
 use crate::tokenizer::REPLY_PRIMING;
 
 use super::conversation::{Conversation, View};
-use super::{summary_text, Engine, Outcome, Prepared};
+use super::{Engine, Outcome, Prepared};
 
 /// Room kept for the marker that says turns were dropped.
 const MARKER_TOKENS: u64 = 64;
@@ -23,11 +23,11 @@ impl Engine {
     ) -> Prepared {
         let Some(cp) = view.checkpoint else {
             return Prepared {
-                body: conversation.request.original_body(conversation.force_usage),
+                body: conversation.request.original_body(),
                 outcome,
             };
         };
-        let text = summary_text::summary_text(&cp.summary, &cp.files_read, &cp.files_modified);
+        let text = self.summary_text(cp);
         outcome.compacted = true;
         outcome.checkpoint_id = Some(cp.id.clone());
         outcome.tokens_after = calibration::apply(view.tokens, conversation.factor);
@@ -45,15 +45,12 @@ impl Engine {
         text: &str,
         merge_into_user: bool,
     ) -> Vec<u8> {
-        conversation.request.render(
-            &Through {
-                checkpoint,
-                tokens: &conversation.message_tokens,
-                merge_into_user,
-                text,
-            },
-            conversation.force_usage,
-        )
+        conversation.request.render(&Through {
+            checkpoint,
+            tokens: &conversation.message_tokens,
+            merge_into_user,
+            text,
+        })
     }
 
     /// Serves a request without a new summary: through the checkpoint it already had if that

@@ -14,7 +14,7 @@ use crate::store::Checkpoint;
 
 use super::conversation::{covers_all, matches_prefix, Conversation};
 use super::plan::Plan;
-use super::{Engine, Mode, RequestContext, Status, SummaryError};
+use super::{Engine, Mode, RequestContext, Status, SummaryError, Trigger};
 
 /// How often a request waiting for another's summary looks for the result.
 const WAIT_POLL: Duration = Duration::from_millis(40);
@@ -39,8 +39,7 @@ impl Engine {
         context: &RequestContext,
         conversation: &Conversation,
         base: Option<&Checkpoint>,
-        harder: bool,
-        ahead_of_time: bool,
+        trigger: Trigger,
         started: Instant,
     ) -> Result<(Checkpoint, bool), SummaryError> {
         let anchor = conversation.anchor.ok_or(SummaryError::Nothing)?;
@@ -48,7 +47,7 @@ impl Engine {
         let deadline = started + Duration::from_millis(self.config.summary_timeout_ms);
         let mut base = base.cloned();
         loop {
-            let plan = self.plan(conversation, base.as_ref(), harder, ahead_of_time)?;
+            let plan = self.plan(conversation, base.as_ref(), trigger)?;
             let prefix = identity::hex(&conversation.chain[plan.cut - 1]);
             let attempt = self.attempts.fetch_add(1, Ordering::Relaxed);
             let holder = holder_name(&self.replica, attempt, plan.cut, &prefix);
@@ -65,7 +64,7 @@ impl Engine {
                 let job = Job {
                     base,
                     plan,
-                    ahead_of_time,
+                    trigger,
                     lease_key,
                     holder,
                 };
@@ -87,7 +86,7 @@ impl Engine {
             });
             if other.is_some() && !ours {
                 let result = self
-                    .summarize_and_store(context, conversation, base.as_ref(), &plan, ahead_of_time)
+                    .summarize_and_store(context, conversation, base.as_ref(), &plan, trigger)
                     .await;
                 return result.map(|cp| (cp, true));
             }
@@ -149,19 +148,17 @@ impl Engine {
     ) -> Result<Checkpoint, SummaryError> {
         let engine = self.clone();
         let context = context.clone();
-        let request = conversation.request.clone();
+        // The task outlives the borrowed conversation: it takes a copy (counts and chain, not
+        // counted or hashed again).
+        let conversation = conversation.clone();
         let task = tokio::spawn(async move {
-            // The task outlives the borrowed request, so it identifies its own copy (the same
-            // messages, so the same chain and counts, mostly from the meter's cache).
-            let (facts, _) = engine.model_facts(request.model()).await;
-            let conversation = engine.identify(&context, &request, facts);
             let result = engine
                 .summarize_and_store(
                     &context,
                     &conversation,
                     job.base.as_ref(),
                     &job.plan,
-                    job.ahead_of_time,
+                    job.trigger,
                 )
                 .await;
             if let Err(e) = engine
@@ -248,7 +245,7 @@ fn later(now: Instant, wait: Duration) -> Instant {
 struct Job {
     base: Option<Checkpoint>,
     plan: Plan,
-    ahead_of_time: bool,
+    trigger: Trigger,
     lease_key: String,
     holder: String,
 }

@@ -191,18 +191,27 @@ pub trait WireRequest: Send + Sync {
         false
     }
 
-    /// Whether a streamed answer reports its prompt size only when asked (a chat stream without
-    /// `stream_options.include_usage`): the proxy then asks, and strips what it added.
-    fn usage_needs_asking(&self) -> bool {
+    /// Whether the request relies on history the provider holds (Responses'
+    /// `previous_response_id`): it is forwarded untouched, since the proxy cannot see what it
+    /// would compact.
+    fn uses_server_state(&self) -> bool {
         false
     }
 
-    /// The body as the client sent it (with `force_usage`: asking a stream for its `usage`).
-    fn original_body(&self, force_usage: bool) -> Vec<u8>;
+    /// Has every body written from now on ask a streamed answer for its prompt size, where the
+    /// format reports it only when asked (a chat stream without `stream_options.include_usage`),
+    /// so that calibration can learn from it. Returns whether it asked: the proxy then strips
+    /// what the client did not ask for from the stream.
+    fn ask_for_usage(&mut self) -> bool {
+        false
+    }
+
+    /// The body as the client sent it (asking for usage if [`WireRequest::ask_for_usage`] did).
+    fn original_body(&self) -> Vec<u8>;
 
     /// The body through a checkpoint: the head, the summary message in this dialect's shape,
     /// and the kept elements' original bytes (cut to the checkpoint's truncations).
-    fn render(&self, through: &Through<'_>, force_usage: bool) -> Vec<u8>;
+    fn render(&self, through: &Through<'_>) -> Vec<u8>;
 }
 
 /// How to write a request through a checkpoint.

@@ -18,77 +18,58 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
-use bytes::Bytes;
 use http::{HeaderMap, Method, Uri};
+use serde_json::value::RawValue;
 use serde_json::Value;
 
-use super::counting::measure_on_blocking_pool;
-use super::request_headers::{instructions, refuse_encoded_body};
-use super::{credential_headers, set, tenant::Tenant, ApiError, App};
-use crate::compaction::summary_text::summary_text;
+use super::app::App;
+use super::error::ApiError;
+use super::headers::{credential_headers, instructions, refuse_encoded_body, set};
+use super::passthrough::passthrough;
+use super::tenant::Tenant;
 use crate::compaction::{RequestContext, SummaryError};
-use crate::dialect::responses::request::summary_item;
-use crate::dialect::responses::sealed::Sealer;
-use crate::dialect::responses::{answers, ResponsesRequest};
+use crate::dialect::responses::answers;
+use crate::dialect::responses::request::{summary_item, ResponsesRequest};
 use crate::dialect::WireRequest;
 use crate::identity;
 use crate::metrics::Route;
 use crate::store::Checkpoint;
 
-/// Whether Compactor answers client-requested compaction, and the key its items are sealed with.
-#[derive(Debug, Clone)]
-pub struct ClientCompaction {
-    pub emulate: bool,
-    pub sealer: Sealer,
-}
-
 /// What becomes of a Responses request once its compaction items are read.
 pub(super) enum Intercepted {
-    /// Answered here: the input ended in a compaction trigger.
-    Answer(Response),
-    /// To be served as usual, with these bytes (the minted items expanded), and the id of the
-    /// checkpoint whose summary now stands in the input, if an item was expanded.
-    Forward(Bytes, Option<String>),
+    /// Its input ends in a compaction trigger: the client asks for a compaction.
+    Trigger(ResponsesRequest),
+    /// To be served as usual, with the minted items expanded, and the id of the checkpoint whose
+    /// summary now stands in the input, if an item was expanded.
+    Forward(ResponsesRequest, Option<String>),
 }
 
-/// Expands the minted compaction items of a Responses body and, when `answer_trigger` is set and
-/// the input ends in a compaction trigger, answers it.
+/// Expands, in place, the compaction items Compactor minted in a parsed Responses request, and
+/// says whether it asks for a compaction.
 pub(super) async fn intercept(
-    app: &Arc<App>,
+    app: &App,
     tenant: &Tenant,
-    headers: &HeaderMap,
-    bytes: Bytes,
-    answer_trigger: bool,
+    mut request: ResponsesRequest,
 ) -> Result<Intercepted, ApiError> {
-    // Neither an item nor a trigger can be there without the word: most requests stop here.
-    if std::str::from_utf8(&bytes).is_ok_and(|text| !text.contains("compaction")) {
-        return Ok(Intercepted::Forward(bytes, None));
+    let expanded = expand(app, tenant, &mut request).await?;
+    if request.ends_in_trigger() {
+        return Ok(Intercepted::Trigger(request));
     }
-    let sent = ResponsesRequest::parse(&bytes)?;
-    let (request, bytes, expanded) = match expand(app, tenant, &sent).await? {
-        Some((body, id)) => (ResponsesRequest::parse(&body)?, Bytes::from(body), Some(id)),
-        None => (sent, bytes, None),
-    };
-    if answer_trigger && request.ends_in_trigger() {
-        return trigger(app, tenant, headers, &request)
-            .await
-            .map(Intercepted::Answer);
-    }
-    Ok(Intercepted::Forward(bytes, expanded))
+    Ok(Intercepted::Forward(request, expanded))
 }
 
-/// The body with every compaction item Compactor minted replaced by its checkpoint's summary
-/// message, and the last such checkpoint's id; `None` when it holds none.
+/// Replaces every compaction item Compactor minted by its checkpoint's summary message, and
+/// returns the last such checkpoint's id; `None` when the request holds none.
 async fn expand(
     app: &App,
     tenant: &Tenant,
-    request: &ResponsesRequest,
-) -> Result<Option<(Vec<u8>, String)>, ApiError> {
+    request: &mut ResponsesRequest,
+) -> Result<Option<String>, ApiError> {
     let minted = request.minted_compactions();
     if minted.is_empty() {
         return Ok(None);
     }
-    let mut replacements = Vec::with_capacity(minted.len());
+    let mut replacements: Vec<(usize, Box<RawValue>)> = Vec::with_capacity(minted.len());
     let mut last = String::new();
     for (index, content) in minted {
         let refused = |message: String| ApiError::BadRequest {
@@ -115,15 +96,11 @@ async fn expand(
                         .into(),
                 )
             })?;
-        let text = summary_text(
-            &checkpoint.summary,
-            &checkpoint.files_read,
-            &checkpoint.files_modified,
-        );
-        replacements.push((index, summary_item(&text)));
+        replacements.push((index, summary_item(&app.engine.summary_text(&checkpoint))));
         last = checkpoint.id;
     }
-    Ok(Some((request.with_items_replaced(&replacements), last)))
+    request.replace_items(replacements)?;
+    Ok(Some(last))
 }
 
 /// Summarizes the whole conversation of `request` (its compaction triggers left out) into one
@@ -132,12 +109,10 @@ async fn compact_whole(
     app: &Arc<App>,
     tenant: &Tenant,
     headers: &HeaderMap,
-    request: &ResponsesRequest,
+    mut request: ResponsesRequest,
 ) -> Result<(Checkpoint, Value), ApiError> {
-    let conversation: Arc<dyn WireRequest> =
-        Arc::new(ResponsesRequest::parse(&request.without_triggers())?);
-    // Counted off the async workers, once: the engine takes the count.
-    let measured = measure_on_blocking_pool(app, &conversation).await?;
+    request.remove_triggers();
+    let conversation: Arc<dyn WireRequest> = Arc::new(request);
     let context = RequestContext {
         tenant: tenant.seed,
         credentials: credential_headers(headers),
@@ -146,7 +121,7 @@ async fn compact_whole(
     };
     let checkpoint = app
         .engine
-        .compact_whole(&context, &conversation, measured)
+        .compact_whole(&context, &conversation)
         .await
         .map_err(|e| match e {
             SummaryError::Nothing | SummaryError::NoReduction => ApiError::BadRequest {
@@ -168,16 +143,17 @@ async fn compact_whole(
 
 /// Answers an input ending in a compaction trigger with a response whose only output is the
 /// `compaction` item, streamed when the request streams.
-async fn trigger(
+pub(super) async fn answer_trigger(
     app: &Arc<App>,
     tenant: &Tenant,
     headers: &HeaderMap,
-    request: &ResponsesRequest,
+    request: ResponsesRequest,
 ) -> Result<Response, ApiError> {
-    let (checkpoint, item) = compact_whole(app, tenant, headers, request).await?;
     let stream = request.stream();
+    let model = request.model().to_string();
+    let (checkpoint, item) = compact_whole(app, tenant, headers, request).await?;
     let body = answers::trigger_answer(
-        request.model(),
+        &model,
         &checkpoint.id,
         &item,
         checkpoint.tokens_before,
@@ -220,23 +196,21 @@ pub(super) async fn compact(
     body: Body,
 ) -> Response {
     if !app.client_compaction.emulate {
-        return super::passthrough(State(app), method, uri, headers, body).await;
+        return passthrough(State(app), method, uri, headers, body).await;
     }
     let result = async {
         refuse_encoded_body(&headers)?;
         let (bytes, _budget) = app.limits.read_body(&headers, body).await?;
-        let sent = ResponsesRequest::parse(&bytes)?;
-        let expanded = match expand(&app, &tenant, &sent).await? {
-            Some((body, _)) => Some(ResponsesRequest::parse(&body)?),
-            None => None,
-        };
-        let request = expanded.as_ref().unwrap_or(&sent);
-        let (checkpoint, item) = compact_whole(&app, &tenant, &headers, request).await?;
+        let mut request = ResponsesRequest::parse(&bytes)?;
         // The user messages as the client sent them: a summary expanded from an earlier item
         // is in the new checkpoint already, and its item is not handed back twice.
+        let user_messages: Vec<Box<RawValue>> =
+            request.user_messages().map(|m| m.to_owned()).collect();
+        expand(&app, &tenant, &mut request).await?;
+        let (checkpoint, item) = compact_whole(&app, &tenant, &headers, request).await?;
         let answer = answers::compact_answer(
             &checkpoint.id,
-            sent.user_messages(),
+            user_messages.iter().map(|m| &**m),
             &item,
             checkpoint.tokens_before,
         );
@@ -245,6 +219,6 @@ pub(super) async fn compact(
     }
     .await;
     let response = result.unwrap_or_else(IntoResponse::into_response);
-    super::measured::count_request(&app, Route::Responses, &response);
+    app.count_request(Route::Responses, &response);
     response
 }

@@ -19,7 +19,7 @@ use http::HeaderMap;
 use http_body_util::BodyExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::ApiError;
+use super::error::ApiError;
 
 /// Bytes reserved at a time for a body of unknown length, so that a body arriving in small
 /// frames does not take the semaphore for each one.

@@ -14,7 +14,9 @@ use axum::response::{IntoResponse, Response};
 use http::HeaderMap;
 use tracing::Instrument;
 
-use super::{gateway_keys::GatewayKeys, ApiError, App};
+use super::app::App;
+use super::error::ApiError;
+use super::gateway_keys::GatewayKeys;
 use crate::identity::{self, Hash};
 use crate::upstream::CREDENTIAL_HEADERS;
 

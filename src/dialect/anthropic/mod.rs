@@ -202,12 +202,12 @@ impl WireRequest for MessagesRequest {
         self.thinking
     }
 
-    fn original_body(&self, _force_usage: bool) -> Vec<u8> {
+    fn original_body(&self) -> Vec<u8> {
         // Messages streams always report usage (in `message_start`): nothing to ask for.
         self.to_body(self.messages.iter().map(|m| &*m.raw))
     }
 
-    fn render(&self, rewrite: &Through<'_>, _force_usage: bool) -> Vec<u8> {
+    fn render(&self, rewrite: &Through<'_>) -> Vec<u8> {
         let checkpoint = rewrite.checkpoint;
         let covered = checkpoint.covered.min(self.messages.len());
         let text = rewrite.text;

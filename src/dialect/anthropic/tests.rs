@@ -85,15 +85,12 @@ fn render_puts_the_summary_first_and_keeps_the_rest_byte_for_byte() {
     let request = Messages.parse(body.to_string().as_bytes()).unwrap();
     let cp = checkpoint(3, None);
     let tokens = vec![10; 4];
-    let out = request.render(
-        &Through {
-            checkpoint: &cp,
-            tokens: &tokens,
-            merge_into_user: false,
-            text: &format!("<summary>\n{}\n</summary>", cp.summary),
-        },
-        false,
-    );
+    let out = request.render(&Through {
+        checkpoint: &cp,
+        tokens: &tokens,
+        merge_into_user: false,
+        text: &format!("<summary>\n{}\n</summary>", cp.summary),
+    });
     let sent: Value = serde_json::from_slice(&out).unwrap();
     let messages = sent["messages"].as_array().unwrap();
     assert_eq!(messages.len(), 3);

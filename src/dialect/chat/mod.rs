@@ -163,17 +163,18 @@ impl WireRequest for ChatRequest {
             .unwrap_or(0)
     }
 
-    fn usage_needs_asking(&self) -> bool {
-        self.settings.stream && !self.client_wants_usage
+    fn ask_for_usage(&mut self) -> bool {
+        self.asks_for_usage = self.settings.stream && !self.client_wants_usage;
+        self.asks_for_usage
     }
 
-    fn original_body(&self, force_usage: bool) -> Vec<u8> {
-        ChatRequest::original_body(self, force_usage)
+    fn original_body(&self) -> Vec<u8> {
+        ChatRequest::original_body(self, self.asks_for_usage)
     }
 
-    fn render(&self, through: &Through<'_>, force_usage: bool) -> Vec<u8> {
+    fn render(&self, through: &Through<'_>) -> Vec<u8> {
         let messages = render::messages_through(self, through);
-        self.to_body(messages.iter().map(|m| &**m), force_usage)
+        self.to_body(messages.iter().map(|m| &**m), self.asks_for_usage)
     }
 }
 

@@ -36,6 +36,9 @@ pub struct ChatRequest {
     pub messages: Vec<Message>,
     /// Whether the client itself asked for `stream_options.include_usage`.
     pub client_wants_usage: bool,
+    /// Whether bodies written for the provider ask for it on the client's behalf
+    /// ([`crate::dialect::WireRequest::ask_for_usage`]).
+    pub(super) asks_for_usage: bool,
 }
 
 /// What every message is checked for when the request arrives.
@@ -196,6 +199,7 @@ impl ChatRequest {
                     .map(|n| n.min(MAX_OUTPUT_TOKENS)),
             },
             client_wants_usage,
+            asks_for_usage: false,
             messages,
             fields,
         })

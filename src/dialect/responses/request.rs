@@ -89,14 +89,11 @@ impl ResponsesRequest {
             .is_some_and(|i| i.kind == ItemKind::CompactionTrigger)
     }
 
-    /// The body without its compaction triggers: the conversation they ask to compact.
-    pub fn without_triggers(&self) -> Vec<u8> {
-        self.with_input(
-            self.items
-                .iter()
-                .filter(|i| i.kind != ItemKind::CompactionTrigger)
-                .map(|i| &*i.raw),
-        )
+    /// Leaves out the compaction triggers: what remains is the conversation they ask to
+    /// compact.
+    pub fn remove_triggers(&mut self) {
+        self.items.retain(|i| i.kind != ItemKind::CompactionTrigger);
+        self.items_changed();
     }
 
     /// Index and `encrypted_content` of each `compaction` item that Compactor minted
@@ -114,14 +111,38 @@ impl ResponsesRequest {
             .collect()
     }
 
-    /// The body with the items at the given indices replaced.
-    pub fn with_items_replaced(&self, replacements: &[(usize, Box<RawValue>)]) -> Vec<u8> {
-        self.with_input(self.items.iter().enumerate().map(|(index, item)| {
-            replacements
-                .iter()
-                .find(|(at, _)| *at == index)
-                .map_or(&*item.raw, |(_, raw)| &**raw)
-        }))
+    /// Replaces the items at the given indices, in place: only the new items are read, and the
+    /// body is written once.
+    pub fn replace_items(
+        &mut self,
+        replacements: Vec<(usize, Box<RawValue>)>,
+    ) -> Result<(), RequestError> {
+        for (index, raw) in replacements {
+            let item = Item::parse(raw).map_err(|reason| RequestError::Item { index, reason })?;
+            if let Some(slot) = self.items.get_mut(index) {
+                *slot = item;
+            }
+        }
+        self.items_changed();
+        Ok(())
+    }
+
+    /// After the items changed: their roles, and the body as the client would have sent it
+    /// (`input` in [`ResponsesRequest::fields`] keeps its old bytes; it is always replaced when
+    /// written).
+    fn items_changed(&mut self) {
+        self.roles = items::roles(&self.items);
+        self.original = self.with_input(self.items.iter().map(|i| &*i.raw));
+    }
+
+    /// Whether the request relies on history the provider holds (`previous_response_id`,
+    /// `conversation`): the proxy cannot see what it would compact.
+    pub fn uses_server_state(&self) -> bool {
+        ["previous_response_id", "conversation"].iter().any(|key| {
+            self.fields
+                .get(*key)
+                .is_some_and(|v| v.get().trim() != "null")
+        })
     }
 
     fn text(&self, index: usize) -> Option<(String, String)> {
@@ -280,12 +301,16 @@ impl WireRequest for ResponsesRequest {
         view
     }
 
-    fn original_body(&self, _force_usage: bool) -> Vec<u8> {
+    fn uses_server_state(&self) -> bool {
+        ResponsesRequest::uses_server_state(self)
+    }
+
+    fn original_body(&self) -> Vec<u8> {
         // Usage always comes in `response.completed`: nothing to ask for.
         self.original.clone()
     }
 
-    fn render(&self, rewrite: &Through<'_>, _force_usage: bool) -> Vec<u8> {
+    fn render(&self, rewrite: &Through<'_>) -> Vec<u8> {
         let checkpoint = rewrite.checkpoint;
         let covered = checkpoint.covered.min(self.items.len());
         let text = rewrite.text;
@@ -345,15 +370,12 @@ mod tests {
         let request = ResponsesRequest::parse(BODY.as_bytes()).unwrap();
         assert!(request.stream());
         let cp = checkpoint(4);
-        let body = request.render(
-            &Through {
-                checkpoint: &cp,
-                tokens: &[],
-                merge_into_user: false,
-                text: &format!("<summary>\n{}\n</summary>", cp.summary),
-            },
-            false,
-        );
+        let body = request.render(&Through {
+            checkpoint: &cp,
+            tokens: &[],
+            merge_into_user: false,
+            text: &format!("<summary>\n{}\n</summary>", cp.summary),
+        });
         let text = String::from_utf8(body).unwrap();
         let at = |key: &str| text.find(&format!("\"{key}\":")).unwrap();
         let order = ["model", "stream", "input", "tools", "prompt_cache_key"].map(at);
@@ -377,7 +399,7 @@ mod tests {
         let request = ResponsesRequest::parse(body).unwrap();
         assert_eq!(request.len(), 1);
         assert_eq!(request.role(0), Role::User);
-        assert_eq!(request.original_body(false), body.to_vec());
+        assert_eq!(request.original_body(), body.to_vec());
         assert!(request.head_tokens(Encoding::O200k) > TOKENS_FOR_TOOLS);
     }
 

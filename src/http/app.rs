@@ -1,0 +1,51 @@
+//! What every handler shares: the engine, the upstreams, the limits and the settings the HTTP
+//! layer reads, and the one count of answered requests.
+
+use std::sync::Arc;
+
+use axum::response::Response;
+
+use super::gateway_keys::GatewayKeys;
+use super::limits::{ConnectionLimits, Limits};
+use crate::compaction::Engine;
+use crate::dialect::responses::sealed::Sealer;
+use crate::metrics::{Metrics, RequestLabels, Route};
+use crate::upstream::Upstream;
+
+/// Everything a handler needs.
+pub struct App {
+    pub engine: Arc<Engine>,
+    pub upstream: Upstream,
+    /// Where `/v1/messages…` goes (the Anthropic provider).
+    pub anthropic_upstream: Upstream,
+    pub metrics: Arc<Metrics>,
+    pub limits: Limits,
+    pub connections: ConnectionLimits,
+    pub calibrate_streams: bool,
+    pub admin_token: Option<String>,
+    /// Accepted client keys; `None`: any client may use the proxy.
+    pub gateway_keys: Option<GatewayKeys>,
+    /// Who answers the compaction Responses clients ask for.
+    pub client_compaction: ClientCompaction,
+}
+
+/// Whether Compactor answers the compaction Responses clients ask for
+/// ([`super::client_compaction`]), and the key its items are sealed with.
+#[derive(Debug, Clone)]
+pub struct ClientCompaction {
+    pub emulate: bool,
+    pub sealer: Sealer,
+}
+
+impl App {
+    /// Counts one answered request of `route` by its status.
+    pub(super) fn count_request(&self, route: Route, response: &Response) {
+        self.metrics
+            .requests
+            .get_or_create(&RequestLabels {
+                route,
+                status: response.status().as_u16(),
+            })
+            .inc();
+    }
+}

@@ -1,0 +1,549 @@
+//! The compacting path, the same for every dialect, as one value per request: an [`Exchange`]
+//! reads and parses the body, lets the engine prepare what goes upstream, sends it, and when the
+//! provider says the window is full (as an error status, or at the start of a stream that failed
+//! before any output) has the engine compact harder and sends once more. One closing phase
+//! ([`Exchange::close`]) writes the `x-compactor-*` headers, the request's log line and its
+//! count, and watches the answer's `usage` for calibration. Errors the proxy makes itself are
+//! written in the dialect's own shape.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::response::Response;
+use bytes::{Bytes, BytesMut};
+use futures::StreamExt;
+use http::{HeaderMap, Method};
+
+use super::app::App;
+use super::client_compaction::{self, Intercepted};
+use super::error::ApiError;
+use super::headers::{
+    credential_headers, forwarded_headers, instructions, mode, refuse_encoded_body, set,
+};
+use super::log::Escaped;
+use super::stream;
+use super::tenant::Tenant;
+use crate::compaction::{Mode, Outcome, RequestContext};
+use crate::dialect::responses::request::ResponsesRequest;
+use crate::dialect::{Dialect, Overflow, WireRequest};
+use crate::metrics::Route;
+use crate::upstream::{self, Upstream, UpstreamResponse};
+
+/// Largest error body read from the provider (to recognise an overflow in it).
+const ERROR_BODY_LIMIT: usize = 4 * 1024 * 1024;
+/// Largest head of a stream held back while looking for a failure before any output.
+const STREAM_HEAD_LIMIT: usize = 64 * 1024;
+
+/// Where one compacting route's requests go.
+pub(super) struct Target<'a> {
+    pub dialect: &'static dyn Dialect,
+    /// The route as clients call it, for metrics and logs.
+    pub route: Route,
+    pub path: &'static str,
+    pub upstream: &'a Upstream,
+    /// Path (and query) on the upstream, relative to its base.
+    pub upstream_path: String,
+    /// Whether a body the dialect cannot parse still relies on history the provider holds:
+    /// forwarded untouched, as a parsed one that [`WireRequest::uses_server_state`] is.
+    pub holds_server_state: Option<fn(&[u8]) -> bool>,
+    /// Whether Compactor answers the compaction the client asks for (Responses'
+    /// `compaction_trigger`) and expands the items it minted ([`client_compaction`]).
+    pub client_compaction: bool,
+}
+
+/// One request on the compacting path, from its arrival to its closing phase.
+struct Exchange<'a> {
+    app: &'a Arc<App>,
+    tenant: &'a Tenant,
+    headers: &'a HeaderMap,
+    target: Target<'a>,
+    started: Instant,
+    /// Time spent waiting for the provider (excluded from the proxy's overhead).
+    upstream_time: Duration,
+    /// The body as the client sent it, once read: an overflow error quoting it is not trusted.
+    sent: Bytes,
+}
+
+/// What a body became once read.
+enum Parsed {
+    /// A request to serve, and the id of the checkpoint whose summary stands in it when the
+    /// client brought a compaction item back.
+    Request(Box<dyn WireRequest>, Option<String>),
+    /// Answered without the provider (a compaction the client asked for).
+    Answered(Response),
+    /// It relies on state the provider holds: forwarded as it came.
+    ServerState(Bytes),
+}
+
+/// A request that reached the provider, as the closing phase sees it.
+struct Served {
+    request: Arc<dyn WireRequest>,
+    outcome: Outcome,
+    response: UpstreamResponse,
+    /// The whole body of an error answer, already read.
+    error_body: Option<Bytes>,
+    /// Whether the proxy asked a stream for the `usage` the client did not ask for.
+    asked_usage: bool,
+    /// The checkpoint of an expanded compaction item, named unless a newer one was applied.
+    expanded: Option<String>,
+}
+
+/// How an exchange ends.
+enum Ending {
+    Served(Box<Served>),
+    /// Answered without compaction or before the provider (client compaction, server state).
+    Answered(Response),
+    Refused(ApiError),
+}
+
+/// Serves one request of `target`'s dialect on the compacting path.
+pub(super) async fn serve(
+    app: &Arc<App>,
+    tenant: &Tenant,
+    headers: &HeaderMap,
+    body: Body,
+    target: Target<'_>,
+) -> Response {
+    let mut exchange = Exchange {
+        app,
+        tenant,
+        headers,
+        target,
+        started: Instant::now(),
+        upstream_time: Duration::ZERO,
+        sent: Bytes::new(),
+    };
+    let ending = match exchange.run(body).await {
+        Ok(ending) => ending,
+        Err(e) => Ending::Refused(e),
+    };
+    exchange.close(ending)
+}
+
+/// A token-counting request (`/v1/messages/count_tokens`, `/v1/responses/input_tokens`):
+/// counted by the provider on the body as it would be sent now, through the conversation's
+/// checkpoint (no summary is made here).
+pub(super) async fn count_through_checkpoint(
+    app: &Arc<App>,
+    tenant: &Tenant,
+    headers: &HeaderMap,
+    body: Body,
+    target: Target<'_>,
+) -> Response {
+    let mut exchange = Exchange {
+        app,
+        tenant,
+        headers,
+        target,
+        started: Instant::now(),
+        upstream_time: Duration::ZERO,
+        sent: Bytes::new(),
+    };
+    let response = match exchange.count(body).await {
+        Ok(response) => response,
+        Err(e) => e.into_response_in(exchange.target.dialect),
+    };
+    app.count_request(exchange.target.route, &response);
+    response
+}
+
+impl Exchange<'_> {
+    async fn run(&mut self, body: Body) -> Result<Ending, ApiError> {
+        refuse_encoded_body(self.headers)?;
+        let instructions = instructions(self.headers)?;
+        let mode = mode(self.headers)?;
+        let bytes = self.read(body).await?;
+        let (mut request, expanded) = match self.parse(bytes, true).await? {
+            Parsed::Request(request, expanded) => (request, expanded),
+            Parsed::Answered(response) => return Ok(Ending::Answered(response)),
+            Parsed::ServerState(bytes) => return self.forward_untouched(bytes).await,
+        };
+        let asked_usage = self.app.calibrate_streams && request.ask_for_usage();
+        let request: Arc<dyn WireRequest> = Arc::from(request);
+        let context = RequestContext {
+            tenant: self.tenant.seed,
+            credentials: credential_headers(self.headers),
+            mode,
+            instructions,
+        };
+        let engine = &self.app.engine;
+        let (prepared, identified) = engine
+            .prepare_identified(&context, &request)
+            .await
+            .map_err(|e| ApiError::ContextLength(e.to_string()))?;
+        let mut outcome = prepared.outcome;
+        let (mut response, mut probe) = self.send(prepared.body).await?;
+        if let Some(overflow) = probe.overflow.filter(|_| mode != Mode::Off) {
+            // The provider's window is smaller than we thought: learn it, compact harder, retry
+            // once, on the conversation already identified.
+            self.app.metrics.overflow_retries.inc();
+            let again = engine
+                .retry_after_overflow(&context, identified, overflow, outcome.sent_raw_tokens)
+                .await
+                .map_err(|e| ApiError::ContextLength(e.to_string()))?;
+            let summary_before = outcome.summary_time;
+            outcome = again.outcome;
+            outcome.summary_time += summary_before;
+            (response, probe) = self.send(again.body).await?;
+            if let Some(again) = probe.overflow.filter(|o| o.trusted) {
+                // Compaction did not make it fit: say so in the client's own words, which agents
+                // recognise (a provider's own wording, such as llama.cpp's, often is not). An
+                // error that only looks like an overflow goes to the client as the provider
+                // wrote it.
+                return Err(ApiError::ContextLength(cannot_fit_message(
+                    again,
+                    outcome.tokens_after,
+                    outcome.window,
+                )));
+            }
+        }
+        Ok(Ending::Served(Box::new(Served {
+            request,
+            outcome,
+            response,
+            error_body: probe.error_body,
+            asked_usage,
+            expanded,
+        })))
+    }
+
+    /// The token-counting path: parsed like any request (compaction items expanded, a trigger
+    /// left alone), then counted by the provider through the stored checkpoint.
+    async fn count(&mut self, body: Body) -> Result<Response, ApiError> {
+        refuse_encoded_body(self.headers)?;
+        let bytes = self.read(body).await?;
+        let request = match self.parse(bytes, false).await? {
+            Parsed::Request(request, _) => request,
+            Parsed::Answered(response) => return Ok(response),
+            Parsed::ServerState(bytes) => return self.forward(bytes).await,
+        };
+        let request: Arc<dyn WireRequest> = Arc::from(request);
+        let context = RequestContext {
+            tenant: self.tenant.seed,
+            credentials: credential_headers(self.headers),
+            ..RequestContext::default()
+        };
+        let rewritten = self.app.engine.through_checkpoint(&context, &request).await;
+        self.forward(rewritten).await
+    }
+
+    async fn read(&mut self, body: Body) -> Result<Bytes, ApiError> {
+        let (bytes, _budget) = self.app.limits.read_body(self.headers, body).await?;
+        self.sent = bytes.clone();
+        Ok(bytes)
+    }
+
+    /// Parses the body once in the target's dialect. Where the target emulates client
+    /// compaction, the compaction items Compactor minted are expanded in the parsed request
+    /// and, with `answer_trigger`, an input ending in a compaction trigger is answered.
+    async fn parse(&self, bytes: Bytes, answer_trigger: bool) -> Result<Parsed, ApiError> {
+        if !self.target.client_compaction {
+            let parsed = self.target.dialect.parse(&bytes);
+            return Ok(
+                match self.server_state(parsed, |r| r.uses_server_state(), &bytes)? {
+                    Ok(request) => Parsed::Request(request, None),
+                    Err(bytes) => Parsed::ServerState(bytes),
+                },
+            );
+        }
+        let parsed = ResponsesRequest::parse(&bytes);
+        let request = match self.server_state(parsed, |r| r.uses_server_state(), &bytes)? {
+            Ok(request) => request,
+            Err(bytes) => return Ok(Parsed::ServerState(bytes)),
+        };
+        let intercepted = client_compaction::intercept(self.app, self.tenant, request).await?;
+        Ok(match intercepted {
+            Intercepted::Trigger(request) if answer_trigger => Parsed::Answered(
+                client_compaction::answer_trigger(self.app, self.tenant, self.headers, request)
+                    .await?,
+            ),
+            Intercepted::Trigger(request) => Parsed::Request(Box::new(request), None),
+            Intercepted::Forward(request, expanded) => Parsed::Request(Box::new(request), expanded),
+        })
+    }
+
+    /// A parsed request, or the body back (`Err`) when it relies on history the provider holds;
+    /// a body that does not parse is still forwarded if the target can tell it does.
+    fn server_state<R>(
+        &self,
+        parsed: Result<R, crate::dialect::RequestError>,
+        uses_server_state: impl Fn(&R) -> bool,
+        bytes: &Bytes,
+    ) -> Result<Result<R, Bytes>, ApiError> {
+        match parsed {
+            Ok(request) if uses_server_state(&request) => Ok(Err(bytes.clone())),
+            Ok(request) => Ok(Ok(request)),
+            Err(_)
+                if self
+                    .target
+                    .holds_server_state
+                    .is_some_and(|holds| holds(bytes)) =>
+            {
+                Ok(Err(bytes.clone()))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// A request the proxy cannot compact, sent as it came and marked so.
+    async fn forward_untouched(&mut self, bytes: Bytes) -> Result<Ending, ApiError> {
+        let mut out = self.forward(bytes).await?;
+        set(
+            out.headers_mut(),
+            "x-compactor-compaction",
+            "skipped; reason=server-state",
+        );
+        Ok(Ending::Answered(out))
+    }
+
+    /// Sends `body` to the target with the client's headers and relays the answer as it comes.
+    async fn forward(&self, body: impl Into<Bytes>) -> Result<Response, ApiError> {
+        let response = self
+            .target
+            .upstream
+            .send(
+                Method::POST,
+                &self.target.upstream_path,
+                forwarded_headers(self.headers),
+                upstream::body_from(body.into()),
+            )
+            .await?;
+        let mut out = Response::new(Body::from_stream(response.body));
+        *out.status_mut() = response.status;
+        *out.headers_mut() = response.headers;
+        Ok(out)
+    }
+
+    /// Sends a prepared body and reads the start of the answer ([`probe`]), timing both as the
+    /// provider's.
+    async fn send(&mut self, body: Vec<u8>) -> Result<(UpstreamResponse, Probe), ApiError> {
+        let mut headers = forwarded_headers(self.headers);
+        // Bodies come back uncompressed so usage can be read from them.
+        headers.remove(http::header::ACCEPT_ENCODING);
+        let sent = Instant::now();
+        let mut response = self
+            .target
+            .upstream
+            .send(
+                Method::POST,
+                &self.target.upstream_path,
+                headers,
+                upstream::body_from(Bytes::from(body)),
+            )
+            .await;
+        self.app
+            .metrics
+            .upstream_seconds
+            .observe(sent.elapsed().as_secs_f64());
+        let probe = match &mut response {
+            // The wait for a stream's first bytes is the provider's time, not the proxy's.
+            Ok(response) => probe(self.target.dialect, response, &self.sent).await,
+            Err(_) => Ok(Probe::default()),
+        };
+        self.upstream_time += sent.elapsed();
+        Ok((response?, probe?))
+    }
+
+    /// The closing phase: what the client gets, the request's log line and its count.
+    fn close(self, ending: Ending) -> Response {
+        let response = match ending {
+            Ending::Served(served) => self.respond(*served),
+            Ending::Answered(response) => response,
+            Ending::Refused(e) => {
+                tracing::info!(
+                    method = "POST",
+                    path = self.target.path,
+                    status = e.status().as_u16(),
+                    error = %Escaped(&e),
+                    "Refused a {} request.",
+                    self.target.dialect.name()
+                );
+                e.into_response_in(self.target.dialect)
+            }
+        };
+        self.app.count_request(self.target.route, &response);
+        response
+    }
+
+    /// The provider's answer with the `x-compactor-*` headers, logged, its `usage` watched.
+    fn respond(&self, served: Served) -> Response {
+        let Served {
+            request,
+            outcome,
+            response,
+            error_body,
+            asked_usage,
+            expanded,
+        } = served;
+        let UpstreamResponse {
+            status,
+            mut headers,
+            body,
+        } = response;
+        let overhead = self
+            .started
+            .elapsed()
+            .saturating_sub(self.upstream_time)
+            .saturating_sub(outcome.summary_time);
+        let app = self.app;
+        app.metrics.overhead_seconds.observe(overhead.as_secs_f64());
+        outcome_headers(app, &mut headers, &outcome, overhead);
+        // A summary the client brought back (an expanded compaction item) names its
+        // checkpoint, unless the engine applied a newer one.
+        if let (Some(id), None) = (expanded, &outcome.checkpoint_id) {
+            set(&mut headers, "x-compactor-checkpoint", id);
+        }
+        tracing::info!(
+            method = "POST",
+            path = self.target.path,
+            status = status.as_u16(),
+            model = %Escaped(&request.model()),
+            prompt_tokens = outcome.prompt_tokens,
+            tokens_sent = outcome.tokens_after,
+            compacted = outcome.compacted,
+            upstream_ms = self.upstream_time.as_millis() as u64,
+            summary_ms = outcome.summary_time.as_millis() as u64,
+            overhead_ms = overhead.as_secs_f64() * 1000.0,
+            "Served a {} request.",
+            self.target.dialect.name()
+        );
+        let body = match error_body {
+            Some(bytes) => Body::from(bytes),
+            None => {
+                let engine = app.engine.clone();
+                let model = request.model().to_string();
+                let counted = outcome.sent_raw_tokens;
+                let sink: stream::UsageSink = Box::new(move |prompt_tokens| {
+                    engine.observe_usage(&model, counted, prompt_tokens)
+                });
+                let dialect = self.target.dialect;
+                if is_sse(&headers) {
+                    if asked_usage {
+                        headers.remove(http::header::CONTENT_LENGTH);
+                    }
+                    Body::from_stream(stream::Observed::sse(body, asked_usage, dialect, sink))
+                } else {
+                    Body::from_stream(stream::Observed::json(body, dialect, sink))
+                }
+            }
+        };
+        let mut out = Response::new(body);
+        *out.status_mut() = status;
+        *out.headers_mut() = headers;
+        out
+    }
+}
+
+/// The refusal of a request the provider still found too long after compaction: the numbers are
+/// the provider's where it gave them, the proxy's otherwise.
+fn cannot_fit_message(overflow: Overflow, sent: u64, window: u64) -> String {
+    crate::compaction::CannotFit {
+        needed: overflow.requested.unwrap_or(sent),
+        window: overflow.limit.unwrap_or(window),
+    }
+    .to_string()
+}
+
+/// What the start of the provider's answer says.
+#[derive(Default)]
+struct Probe {
+    /// It refused the prompt as too long.
+    overflow: Option<Overflow>,
+    /// The whole body of an error answer, read to look for an overflow in it.
+    error_body: Option<Bytes>,
+}
+
+/// Reads an error answer whole, or holds back the head of a stream until it shows output or a
+/// failure; a stream's head is put back in front of the rest, so nothing is lost.
+///
+/// An overflow whose words appear in what the client sent (`sent`) is not trusted to teach a
+/// window: the provider may be quoting the client's input back.
+async fn probe(
+    dialect: &dyn Dialect,
+    response: &mut UpstreamResponse,
+    sent: &[u8],
+) -> Result<Probe, ApiError> {
+    if !response.status.is_success() {
+        let body = response.read_body(ERROR_BODY_LIMIT).await?;
+        return Ok(Probe {
+            overflow: dialect
+                .overflow(response.status.as_u16(), &body)
+                .map(|o| o.unless_echoed(&body, sent)),
+            error_body: Some(body),
+        });
+    }
+    if !is_sse(&response.headers) {
+        return Ok(Probe::default());
+    }
+    let mut head = BytesMut::new();
+    let mut ended = None;
+    loop {
+        match response.body.next().await {
+            Some(Ok(chunk)) => head.extend_from_slice(&chunk),
+            Some(Err(e)) => {
+                ended = Some(e);
+                break;
+            }
+            None => break,
+        }
+        if head.len() >= STREAM_HEAD_LIMIT || !dialect.stream_head_undecided(&head) {
+            break;
+        }
+    }
+    let head = head.freeze();
+    let overflow = dialect
+        .overflow_in_stream(&head)
+        .map(|o| o.unless_echoed(&head, sent));
+    let rest = std::mem::replace(&mut response.body, Box::pin(futures::stream::empty()));
+    let tail: upstream::ByteStream = match ended {
+        Some(e) => Box::pin(futures::stream::once(async move { Err(e) })),
+        None => rest,
+    };
+    response.body = Box::pin(futures::stream::once(async move { Ok(head) }).chain(tail));
+    Ok(Probe {
+        overflow,
+        error_body: None,
+    })
+}
+
+fn is_sse(headers: &HeaderMap) -> bool {
+    headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"))
+}
+
+/// The `x-compactor-*` headers that say what happened to a request.
+fn outcome_headers(app: &App, headers: &mut HeaderMap, outcome: &Outcome, overhead: Duration) {
+    set(headers, "x-compactor-prompt-tokens", outcome.prompt_tokens);
+    set(headers, "x-compactor-context-window", outcome.window);
+    set(
+        headers,
+        "x-compactor-overhead-ms",
+        format!("{:.3}", overhead.as_secs_f64() * 1000.0),
+    );
+    set(headers, "x-compactor-compacted", outcome.compacted);
+    set(headers, "x-compactor-tokens-before", outcome.tokens_before);
+    set(headers, "x-compactor-tokens-after", outcome.tokens_after);
+    if let Some(id) = &outcome.checkpoint_id {
+        set(headers, "x-compactor-checkpoint", id);
+    }
+    if !outcome.summary_time.is_zero() {
+        set(
+            headers,
+            "x-compactor-summary-ms",
+            outcome.summary_time.as_millis(),
+        );
+    }
+    if let Some(status) = &outcome.status {
+        set(headers, "x-compactor-compaction", status.header_value());
+    }
+    if outcome.ready_checkpoint_used {
+        set(headers, "x-compactor-ready-checkpoint", "true");
+    }
+    // Checked again now: the store may have noticed an outage while serving this request.
+    if outcome.store_degraded || !app.engine.store().healthy() {
+        set(headers, "x-compactor-store", "degraded");
+    }
+}

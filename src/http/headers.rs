@@ -1,0 +1,101 @@
+//! Headers in and out: what a compacting route reads before it parses the body (the body's
+//! content encoding, `x-compactor-mode`, the client's extra instructions for summaries), the
+//! client's headers as they go upstream, and the `x-compactor-*` headers set on answers.
+
+use http::{HeaderMap, HeaderName, HeaderValue};
+
+use super::error::ApiError;
+use crate::compaction::Mode;
+use crate::upstream::CREDENTIAL_HEADERS;
+
+/// Chat bodies are read as JSON: a compressed one is refused with a clear reason rather than
+/// reported as invalid JSON.
+pub(super) fn refuse_encoded_body(headers: &HeaderMap) -> Result<(), ApiError> {
+    let encoding = headers
+        .get_all(http::header::CONTENT_ENCODING)
+        .iter()
+        .map(|v| {
+            String::from_utf8_lossy(v.as_bytes())
+                .trim()
+                .to_ascii_lowercase()
+        })
+        .find(|v| !v.is_empty() && v != "identity");
+    match encoding {
+        Some(encoding) => Err(ApiError::UnsupportedEncoding(format!(
+            "request bodies with content-encoding `{encoding}` are not supported; send the JSON uncompressed"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// `x-compactor-instructions`: UTF-8 as sent, or an RFC 8187 value (`UTF-8''` followed by
+/// percent-encoded UTF-8) for clients that can only send ASCII headers.
+pub(super) fn instructions(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let Some(value) = headers.get("x-compactor-instructions") else {
+        return Ok(None);
+    };
+    let bytes = value.as_bytes();
+    let decoded: Vec<u8> = match bytes.get(..7) {
+        Some(prefix) if prefix.eq_ignore_ascii_case(b"utf-8''") => {
+            percent_encoding::percent_decode(&bytes[7..]).collect()
+        }
+        _ => bytes.to_vec(),
+    };
+    String::from_utf8(decoded).map(Some).map_err(|_| ApiError::BadRequest {
+        message: "x-compactor-instructions is not valid UTF-8 (send UTF-8, or an RFC 8187 value: UTF-8'' followed by percent-encoded UTF-8)".into(),
+        param: Some("x-compactor-instructions".into()),
+        code: None,
+    })
+}
+
+/// `x-compactor-mode`: `auto` when absent.
+pub(super) fn mode(headers: &HeaderMap) -> Result<Mode, ApiError> {
+    match header_str(headers, "x-compactor-mode") {
+        None => Ok(Mode::Auto),
+        Some(v) => Mode::parse(&v).ok_or_else(|| ApiError::BadRequest {
+            message: format!("invalid x-compactor-mode `{v}`: expected auto, force or off"),
+            param: Some("x-compactor-mode".into()),
+            code: None,
+        }),
+    }
+}
+
+/// The client's credential headers, for summary requests made on its behalf.
+pub(super) fn credential_headers(headers: &HeaderMap) -> HeaderMap {
+    let mut out = HeaderMap::new();
+    for name in CREDENTIAL_HEADERS {
+        for value in headers.get_all(*name) {
+            out.append(HeaderName::from_static(name), value.clone());
+        }
+    }
+    out
+}
+
+/// The client's headers as they go upstream: our own `x-compactor-*` headers removed.
+pub(super) fn forwarded_headers(headers: &HeaderMap) -> HeaderMap {
+    let mut out = headers.clone();
+    let own: Vec<HeaderName> = out
+        .keys()
+        .filter(|k| k.as_str().starts_with("x-compactor-"))
+        .cloned()
+        .collect();
+    for name in own {
+        out.remove(name);
+    }
+    out
+}
+
+/// A header's value as text, when it is text.
+pub(super) fn header_str(headers: &HeaderMap, name: &str) -> Option<String> {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+}
+
+/// Sets a header the proxy writes; a value that is not a valid header value is left out.
+pub(super) fn set(headers: &mut HeaderMap, name: &'static str, value: impl ToString) {
+    if let Ok(v) = HeaderValue::from_str(&value.to_string()) {
+        headers.insert(HeaderName::from_static(name), v);
+    }
+}
