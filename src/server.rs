@@ -16,7 +16,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tower::ServiceExt;
 
-use crate::compaction::Engine;
+use crate::compaction::{Engine, Parts};
 use crate::config::{redact_url, Config};
 use crate::dialect::responses::sealed::Sealer;
 use crate::dialect::{anthropic::Messages, chat::Chat, responses::Responses, Dialect};
@@ -79,18 +79,17 @@ pub fn build_with_store(
         config.gateway_keys_text()?.as_deref(),
     )?;
     let metrics = Arc::new(Metrics::default());
-    let mut engine = Engine::new(
-        config.compaction.clone(),
-        config.summarizer.clone(),
+    let parts = Parts {
         store,
-        Meter::new(METER_CACHE_MESSAGES),
-        WindowTable::new(&config.windows, config.default_window),
-        Arc::new(HttpSummarizer::new(
+        meter: Meter::new(METER_CACHE_MESSAGES),
+        windows: WindowTable::new(&config.windows, config.default_window),
+        summary_writer: Arc::new(HttpSummarizer::new(
             summary_upstream.clone(),
             Arc::new(Chat),
         )),
-        metrics.clone(),
-    );
+        metrics: metrics.clone(),
+    };
+    let mut engine = Engine::new(config.compaction.clone(), config.summarizer.clone(), parts);
     if config.summarizer.upstream.is_empty() {
         // No summarizer of its own: each conversation is summarized by the provider it talks
         // to, in that provider's format and with the client's credentials for it.

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use compactor::compaction::{
-    CannotFit, Engine, Mode, Prepared, RequestContext, Status, Summarizer, SummarizerError,
+    CannotFit, Engine, Mode, Parts, Prepared, RequestContext, Status, Summarizer, SummarizerError,
     SummaryError,
 };
 use compactor::config::{CompactionConfig, SummarizerConfig};
@@ -112,15 +112,14 @@ fn setup(
     let store = Arc::new(MemoryStore::default());
     let windows = BTreeMap::from([(MODEL.to_string(), WINDOW)]);
     let metrics = Arc::new(Metrics::default());
-    let engine = Arc::new(Engine::new(
-        config,
-        summarizer_config,
-        store.clone() as Arc<dyn CheckpointStore>,
-        Meter::new(10_000),
-        WindowTable::new(&windows, 128_000),
-        summarizer.clone(),
-        metrics.clone(),
-    ));
+    let parts = Parts {
+        store: store.clone() as Arc<dyn CheckpointStore>,
+        meter: Meter::new(10_000),
+        windows: WindowTable::new(&windows, 128_000),
+        summary_writer: summarizer.clone(),
+        metrics: metrics.clone(),
+    };
+    let engine = Arc::new(Engine::new(config, summarizer_config, parts));
     Setup {
         engine,
         summarizer,

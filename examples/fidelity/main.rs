@@ -211,13 +211,18 @@ async fn run(args: &Args) -> Result<(), String> {
         let views: Vec<_> = span.iter().map(|m| (m.role, m.view().clone())).collect();
         let (read, modified) = files.into_lists();
         let encoding = Encoding::for_model(&args.model);
+        let room = record::RecordRoom {
+            encoding,
+            budget,
+            share: args.record_share,
+        };
         // What no model can lose: the file lists (before the record existed), then the record
         // and the file lists, without any model text.
         let mut variants = vec![
             ("file lists only", String::new(), None),
             (
                 "record + file lists only",
-                record::attach_share("", &views, None, encoding, budget, args.record_share),
+                record::attach_share("", &views, None, room),
                 None,
             ),
         ];
@@ -232,14 +237,7 @@ async fn run(args: &Args) -> Result<(), String> {
         };
         if let Some((model_text, seconds)) = answer {
             // What the proxy stores: the model's text, then the record.
-            let stored = record::attach_share(
-                &model_text,
-                &views,
-                None,
-                encoding,
-                budget,
-                args.record_share,
-            );
+            let stored = record::attach_share(&model_text, &views, None, room);
             variants.push(("ours, model text + file lists", model_text, seconds));
             variants.push(("ours, as stored (+ record)", stored, seconds));
         }
@@ -334,14 +332,7 @@ async fn summarize_span(
     let count = chunks.len();
     for (n, chunk) in chunks.into_iter().enumerate() {
         let started = Instant::now();
-        let body = request_body(
-            &args.model,
-            style,
-            running.as_deref(),
-            &chunk,
-            &[],
-            max_tokens,
-        );
+        let body = request_body(&args.model, style, running.as_deref(), &chunk, max_tokens);
         let response = client
             .post(format!(
                 "{}/chat/completions",
@@ -508,15 +499,14 @@ fn append_results(
 }
 
 /// The body of one summary request, in chat completions form.
-pub fn request_body(
+fn request_body(
     model: &str,
     style: Style,
     previous: Option<&str>,
     transcript: &str,
-    instructions: &[&str],
     max_tokens: u64,
 ) -> Value {
-    let user = prompt::user_prompt(style, previous, transcript, instructions, max_tokens);
+    let user = prompt::user_prompt(style, previous, transcript, &[], max_tokens);
     Chat.summary_request(&SummaryRequest {
         model,
         system: style.system_prompt(),

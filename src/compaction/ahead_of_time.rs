@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use crate::identity;
 
 use super::conversation::{matches_prefix, Conversation, View};
-use super::{Engine, Mode, RequestContext, Trigger};
+use super::{Engine, Mode, Trigger};
 use crate::measure::calibration;
 
 impl Engine {
@@ -16,11 +16,10 @@ impl Engine {
     /// checkpoint is ready or being made for it.
     pub(super) fn maybe_start_background(
         self: &Arc<Self>,
-        context: &RequestContext,
         conversation: &Conversation,
         view: &View<'_>,
     ) {
-        if !self.config.ahead_of_time || context.mode != Mode::Auto {
+        if !self.config.ahead_of_time || conversation.context.mode != Mode::Auto {
             return;
         }
         let Some(anchor) = conversation.anchor else {
@@ -36,7 +35,6 @@ impl Engine {
             return;
         }
         let engine = self.clone();
-        let context = context.clone();
         // The summary outlives this request: it takes a copy of the conversation (counts and
         // chain, not counted or hashed again).
         let conversation = conversation.clone();
@@ -54,13 +52,7 @@ impl Engine {
             if !ready {
                 let started = Instant::now();
                 match engine
-                    .compact(
-                        &context,
-                        &conversation,
-                        base.as_ref(),
-                        Trigger::AheadOfTime,
-                        started,
-                    )
+                    .compact(&conversation, base.as_ref(), Trigger::AheadOfTime, started)
                     .await
                 {
                     Ok(_) => engine.count_compaction(Trigger::AheadOfTime),

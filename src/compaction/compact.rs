@@ -17,12 +17,13 @@ use crate::tokenizer::{Encoding, REPLY_PRIMING};
 use super::conversation::{Conversation, View};
 use super::plan::{self, PlanError, PlanInput};
 use super::{
-    files, prompt, record, summarizer, Engine, Mode, Outcome, Prepared, RequestContext, Status,
-    SummaryError, Trigger,
+    files, prompt, record, summarizer, Engine, Mode, Outcome, Prepared, Status, SummaryError,
+    Trigger,
 };
 
 /// One fold: the summary of `span` (elements of the conversation, with their `views`) into
 /// `base`'s summary, for `plan`.
+#[derive(Clone, Copy)]
 pub(super) struct Fold<'a> {
     base: Option<&'a Checkpoint>,
     plan: &'a plan::Plan,
@@ -31,12 +32,20 @@ pub(super) struct Fold<'a> {
     trigger: Trigger,
 }
 
+/// How far a fold in chunks has come: `folded` of its span's elements summarized into `text`,
+/// and the budget of the record attached to it.
+struct Progress<'a> {
+    folded: usize,
+    text: &'a str,
+    encoding: Encoding,
+    max_tokens: u64,
+}
+
 impl Engine {
     /// Stage `summarize`: makes (or waits for) a checkpoint that covers more of the
     /// conversation, then rewrites the request through it; serves a fallback when that fails.
     pub(super) async fn summarize(
         self: &Arc<Self>,
-        context: &RequestContext,
         conversation: &Conversation,
         view: &View<'_>,
         trigger: Trigger,
@@ -44,7 +53,7 @@ impl Engine {
     ) -> Prepared {
         let started = Instant::now();
         let result = self
-            .compact(context, conversation, view.checkpoint, trigger, started)
+            .compact(conversation, view.checkpoint, trigger, started)
             .await;
         outcome.summary_time = started.elapsed();
         match result {
@@ -102,7 +111,7 @@ impl Engine {
         if trigger.harder() {
             keep /= 2;
         }
-        if conversation.mode == Mode::Force {
+        if conversation.context.mode == Mode::Force {
             // Asked to compact now (`/compact`): keep only the newest quarter of the conversation.
             keep = keep.min(conversation.measured.total() / 4);
         }
@@ -120,7 +129,7 @@ impl Engine {
             pinned: base.and_then(|b| b.pinned_user),
             keep_budget: keep,
         };
-        if conversation.mode == Mode::Whole {
+        if conversation.context.mode == Mode::Whole {
             let whole = plan::Plan {
                 cut: conversation.roles.len(),
                 pinned_user: None,
@@ -148,7 +157,6 @@ impl Engine {
     /// Writes the summary for `plan`, checks it helps, and stores the checkpoint.
     pub(super) async fn summarize_and_store(
         &self,
-        context: &RequestContext,
         conversation: &Conversation,
         base: Option<&Checkpoint>,
         plan: &plan::Plan,
@@ -170,32 +178,25 @@ impl Engine {
         let started = Instant::now();
         let _in_progress = GaugeHeld::hold(&self.metrics.summaries_in_progress);
         let timeout = Duration::from_millis(self.config.summary_timeout_ms);
-        let summary = tokio::time::timeout(
-            timeout,
-            self.write_summary(
-                context,
-                conversation,
-                Fold {
-                    base,
-                    plan,
-                    span: &span,
-                    views: &views,
-                    trigger,
-                },
-            ),
-        )
-        .await
-        .map_err(|_| SummaryError::Timeout)??;
+        let fold = Fold {
+            base,
+            plan,
+            span: &span,
+            views: &views,
+            trigger,
+        };
+        let summary = tokio::time::timeout(timeout, self.write_summary(conversation, fold))
+            .await
+            .map_err(|_| SummaryError::Timeout)??;
         self.metrics
             .summary_seconds
             .observe(started.elapsed().as_secs_f64());
-        let mut checkpoint =
-            self.new_checkpoint(context, conversation, base, plan, summary, &views, trigger)?;
+        let mut checkpoint = self.new_checkpoint(conversation, &fold, summary)?;
         let saved = match self.fill_figures(conversation, base, &mut checkpoint) {
             Some(saved) => saved,
             // Asked for by the client, which replaces its history with it: stored even when it
             // frees nothing (a short conversation).
-            None if conversation.mode == Mode::Whole => 0,
+            None if conversation.context.mode == Mode::Whole => 0,
             None => return Err(SummaryError::NoReduction),
         };
         self.metrics.tokens_saved.inc_by(saved);
@@ -230,19 +231,21 @@ impl Engine {
         (after < before).then(|| before - after)
     }
 
-    /// A checkpoint of this conversation through `plan`, with `summary` and the file lists of
-    /// `base` and of the elements `views` summarized (its token figures not yet filled in).
-    #[allow(clippy::too_many_arguments)]
+    /// A checkpoint of this conversation through the fold's plan, with `summary` and the file
+    /// lists of its base and of the elements it summarized (token figures not yet filled in).
     fn new_checkpoint(
         &self,
-        context: &RequestContext,
         conversation: &Conversation,
-        base: Option<&Checkpoint>,
-        plan: &plan::Plan,
+        fold: &Fold<'_>,
         summary: String,
-        views: &[(Role, MessageView)],
-        trigger: Trigger,
     ) -> Result<Checkpoint, SummaryError> {
+        let Fold {
+            base,
+            plan,
+            views,
+            trigger,
+            ..
+        } = *fold;
         let mut files = match base {
             Some(b) => files::FileOps::from_lists(&b.files_read, &b.files_modified),
             None => files::FileOps::default(),
@@ -258,7 +261,7 @@ impl Engine {
             .to_string();
         Ok(Checkpoint {
             id,
-            tenant: identity::hex(&context.tenant),
+            tenant: identity::hex(&conversation.context.tenant),
             anchor: identity::hex(&conversation.anchor.ok_or(SummaryError::Nothing)?),
             covered: plan.cut,
             prefix_hash,
@@ -275,21 +278,17 @@ impl Engine {
         })
     }
 
-    /// Stores what a fold has summarized so far (`folded` of its span's elements, into
-    /// `model_text`) as a checkpoint of its own, when it ends at a place the conversation may be
-    /// cut and frees tokens: a fold cut short (a timeout, a client gone, a failing summarizer)
-    /// leaves it behind, and the next request continues from there instead of starting over.
-    #[allow(clippy::too_many_arguments)]
+    /// Stores what a fold has summarized so far as a checkpoint of its own, when it ends at a
+    /// place the conversation may be cut and frees tokens: a fold cut short (a timeout, a client
+    /// gone, a failing summarizer) leaves it behind, and the next request continues from there
+    /// instead of starting over.
     async fn store_progress(
         &self,
-        context: &RequestContext,
         conversation: &Conversation,
         fold: &Fold<'_>,
-        folded: usize,
-        model_text: &str,
-        encoding: Encoding,
-        max_tokens: u64,
+        progress: Progress<'_>,
     ) {
+        let folded = progress.folded;
         let Some(&last) = fold.span.get(folded.wrapping_sub(1)) else {
             return;
         };
@@ -306,21 +305,19 @@ impl Engine {
         };
         let previous = fold.base.map(|b| b.summary.as_str());
         let summary = record::attach(
-            model_text,
+            progress.text,
             &fold.views[..folded],
             previous,
-            encoding,
-            max_tokens,
+            progress.encoding,
+            progress.max_tokens,
         );
-        let Ok(mut checkpoint) = self.new_checkpoint(
-            context,
-            conversation,
-            fold.base,
-            &partial,
-            summary,
-            &fold.views[..folded],
-            fold.trigger,
-        ) else {
+        let so_far = Fold {
+            plan: &partial,
+            span: &fold.span[..folded],
+            views: &fold.views[..folded],
+            ..*fold
+        };
+        let Ok(mut checkpoint) = self.new_checkpoint(conversation, &so_far, summary) else {
             return;
         };
         if self
@@ -345,7 +342,6 @@ impl Engine {
     /// Summarizes `span`, folding it into `previous`, in chunks that fit the summarizer.
     async fn write_summary(
         &self,
-        context: &RequestContext,
         conversation: &Conversation,
         fold: Fold<'_>,
     ) -> Result<String, SummaryError> {
@@ -383,7 +379,7 @@ impl Engine {
             .collect();
         let instructions: Vec<&str> = [
             self.config.instructions.as_str(),
-            context.instructions.as_deref().unwrap_or(""),
+            conversation.context.instructions.as_deref().unwrap_or(""),
         ]
         .into_iter()
         .collect();
@@ -417,21 +413,18 @@ impl Engine {
             };
             let answer = self
                 .summarizer_for(conversation.request.dialect())
-                .summarize(&request, &context.credentials)
+                .summarize(&request, &conversation.context.credentials)
                 .await?;
             let text = style.fold(running.as_deref(), answer, encoding, max_tokens);
             folded += entries_in_chunk;
             if n < last_chunk {
-                self.store_progress(
-                    context,
-                    conversation,
-                    &fold,
+                let progress = Progress {
                     folded,
-                    &text,
+                    text: &text,
                     encoding,
-                    allowance,
-                )
-                .await;
+                    max_tokens: allowance,
+                };
+                self.store_progress(conversation, &fold, progress).await;
             }
             running = Some(text);
         }

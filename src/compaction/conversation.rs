@@ -9,7 +9,7 @@ use crate::measure::{calibration, Measured};
 use crate::store::{Checkpoint, ModelFacts};
 use crate::tokenizer::REPLY_PRIMING;
 
-use super::{Applied, CannotFit, Engine, Mode, Outcome, RequestContext};
+use super::{Applied, CannotFit, Engine, Outcome, RequestContext};
 
 /// The conversation as seen through a checkpoint: which messages are sent and what they cost.
 pub(super) struct View<'c> {
@@ -32,7 +32,8 @@ pub(super) struct Conversation {
     /// `window - margin`.
     pub(super) limit: u64,
     pub(super) reserve: u64,
-    pub(super) mode: Mode,
+    /// Who asked, and how (tenant, credentials, mode, instructions).
+    pub(super) context: RequestContext,
 }
 
 /// Whether `checkpoint` summarizes a prefix of the conversation whose chain is `chain`.
@@ -52,13 +53,12 @@ pub(super) fn covers_all(checkpoint: &Checkpoint, conversation: &Conversation) -
 }
 
 impl Engine {
-    /// Stage `identify`: hashes the measured elements into the conversation's chain, finds the
-    /// anchor, and works out the window, margin and output reserve for the model.
+    /// Stage `identify`: hashes the measured elements into the conversation's chain and finds
+    /// the anchor; [`Engine::with_facts`] then gives it the model's window, margin and reserve.
     pub(super) fn identify(
         &self,
         context: &RequestContext,
         request: &Arc<dyn WireRequest>,
-        facts: ModelFacts,
         measured: Measured,
     ) -> Conversation {
         let chain = identity::chain(
@@ -69,7 +69,7 @@ impl Engine {
         let first_turn = roles.iter().position(|r| !r.is_instruction());
         let anchor = identity::anchor(&chain, first_turn);
         let message_tokens = measured.elements.iter().map(|m| m.tokens).collect();
-        let conversation = Conversation {
+        Conversation {
             request: request.clone(),
             measured,
             chain,
@@ -80,9 +80,8 @@ impl Engine {
             window: 0,
             limit: 0,
             reserve: 0,
-            mode: context.mode,
-        };
-        self.with_facts(conversation, facts)
+            context: context.clone(),
+        }
     }
 
     /// `conversation` with the window, margin, output reserve and correction that `facts` give
@@ -143,7 +142,6 @@ impl Engine {
     /// best view found. A `forced` request never stops here.
     pub(super) fn apply_checkpoint<'c>(
         self: &Arc<Self>,
-        context: &RequestContext,
         conversation: &Conversation,
         checkpoints: &'c [Checkpoint],
         forced: bool,
@@ -152,7 +150,7 @@ impl Engine {
         let regular = checkpoints.iter().find(|c| !c.ahead_of_time);
         let mut view = self.view(conversation, regular);
         if !forced && self.fits(conversation, &view) {
-            self.maybe_start_background(context, conversation, &view);
+            self.maybe_start_background(conversation, &view);
             return Applied::Ready(self.rewrite(conversation, &view, std::mem::take(outcome)));
         }
         // Over the limit: a checkpoint prepared ahead of time may be all that is needed.
@@ -165,7 +163,7 @@ impl Engine {
             if !forced && self.fits(conversation, &view) {
                 self.metrics.ready_checkpoints_used.inc();
                 // The conversation keeps growing from here: prepare its next summary early too.
-                self.maybe_start_background(context, conversation, &view);
+                self.maybe_start_background(conversation, &view);
                 return Applied::Ready(self.rewrite(conversation, &view, std::mem::take(outcome)));
             }
         }

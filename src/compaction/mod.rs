@@ -281,16 +281,26 @@ enum Applied<'c> {
     OverLimit(View<'c>),
 }
 
+/// What an engine works with besides its settings.
+pub struct Parts {
+    pub store: Arc<dyn CheckpointStore>,
+    pub meter: Meter,
+    pub windows: WindowTable,
+    /// The summarizer for requests of every dialect without one of its own
+    /// ([`Engine::with_summarizer_for`]).
+    pub summary_writer: Arc<dyn Summarizer>,
+    pub metrics: Arc<Metrics>,
+}
+
 impl Engine {
-    pub fn new(
-        config: CompactionConfig,
-        summarizer: SummarizerConfig,
-        store: Arc<dyn CheckpointStore>,
-        meter: Meter,
-        windows: WindowTable,
-        summary_writer: Arc<dyn Summarizer>,
-        metrics: Arc<Metrics>,
-    ) -> Engine {
+    pub fn new(config: CompactionConfig, summarizer: SummarizerConfig, parts: Parts) -> Engine {
+        let Parts {
+            store,
+            meter,
+            windows,
+            summary_writer,
+            metrics,
+        } = parts;
         let facts = quick_cache::sync::Cache::new(config.model_facts_cache_size.max(1));
         Engine {
             config,
@@ -355,7 +365,7 @@ impl Engine {
     ) -> Result<(Prepared, Identified), CannotFit> {
         let measured = self.count(request).await;
         let (facts, facts_degraded) = self.model_facts(request.model()).await;
-        let conversation = self.identify(context, request, facts, measured);
+        let conversation = self.with_facts(self.identify(context, request, measured), facts);
         let mut outcome = self.measure(&conversation, facts_degraded);
         if !self.config.enabled || context.mode == Mode::Off || conversation.anchor.is_none() {
             let prepared = Prepared {
@@ -374,7 +384,7 @@ impl Engine {
             _ => Trigger::Threshold,
         };
         let prepared = self
-            .compact_if_needed(context, &conversation, &checkpoints, trigger, outcome)
+            .compact_if_needed(&conversation, &checkpoints, trigger, outcome)
             .await?;
         let identified = Identified {
             conversation,
@@ -388,7 +398,6 @@ impl Engine {
     /// same request again, compacted harder, without counting, hashing or looking it up again.
     pub async fn retry_after_overflow(
         self: &Arc<Self>,
-        context: &RequestContext,
         identified: Identified,
         overflow: Overflow,
         sent_raw_tokens: u64,
@@ -408,40 +417,30 @@ impl Engine {
                 outcome,
             });
         }
-        self.compact_if_needed(
-            context,
-            &conversation,
-            &checkpoints,
-            Trigger::Overflow,
-            outcome,
-        )
-        .await
+        self.compact_if_needed(&conversation, &checkpoints, Trigger::Overflow, outcome)
+            .await
     }
 
     /// Stages `apply_checkpoint` to `rewrite`: through a stored checkpoint when that fits (a
     /// [`Trigger::Threshold`] request only), else through a new summary, else a marked fallback.
     async fn compact_if_needed(
         self: &Arc<Self>,
-        context: &RequestContext,
         conversation: &Conversation,
         checkpoints: &[crate::store::Checkpoint],
         trigger: Trigger,
         mut outcome: Outcome,
     ) -> Result<Prepared, CannotFit> {
         let forced = trigger != Trigger::Threshold;
-        let view =
-            match self.apply_checkpoint(context, conversation, checkpoints, forced, &mut outcome) {
-                Applied::Ready(prepared) => return Ok(prepared),
-                Applied::OverLimit(view) => view,
-            };
+        let view = match self.apply_checkpoint(conversation, checkpoints, forced, &mut outcome) {
+            Applied::Ready(prepared) => return Ok(prepared),
+            Applied::OverLimit(view) => view,
+        };
         self.check_fits_at_all(conversation)?;
-        if let Some(status) = self.backing_off(context, conversation.anchor) {
+        if let Some(status) = self.backing_off(conversation) {
             outcome.status = Some(status);
             return Ok(self.fallback(conversation, &view, outcome));
         }
-        Ok(self
-            .summarize(context, conversation, &view, trigger, outcome)
-            .await)
+        Ok(self.summarize(conversation, &view, trigger, outcome).await)
     }
 
     /// The request through the newest stored checkpoint of its conversation, summarizing
@@ -453,7 +452,7 @@ impl Engine {
     ) -> Vec<u8> {
         let measured = self.count(request).await;
         let (facts, _) = self.model_facts(request.model()).await;
-        let conversation = self.identify(context, request, facts, measured);
+        let conversation = self.with_facts(self.identify(context, request, measured), facts);
         let mut outcome = Outcome::default();
         let checkpoints = self.stored_checkpoints(&conversation, &mut outcome).await;
         let newest = checkpoints.iter().find(|c| !c.ahead_of_time);
@@ -476,7 +475,7 @@ impl Engine {
         };
         let measured = self.count(request).await;
         let (facts, _) = self.model_facts(request.model()).await;
-        let conversation = self.identify(&context, request, facts, measured);
+        let conversation = self.with_facts(self.identify(&context, request, measured), facts);
         let mut outcome = Outcome::default();
         let checkpoints = self.stored_checkpoints(&conversation, &mut outcome).await;
         if let Some(whole) = checkpoints.iter().find(|c| covers_all(c, &conversation)) {
@@ -485,7 +484,6 @@ impl Engine {
         let base = checkpoints.iter().find(|c| !c.ahead_of_time);
         let (checkpoint, summarized) = self
             .compact(
-                &context,
                 &conversation,
                 base,
                 Trigger::Client,

@@ -249,18 +249,36 @@ pub fn attach(
     encoding: Encoding,
     budget: u64,
 ) -> String {
-    attach_share(model_text, span, previous, encoding, budget, SHARE)
+    let room = RecordRoom {
+        encoding,
+        budget,
+        share: SHARE,
+    };
+    attach_share(model_text, span, previous, room)
 }
 
-/// [`attach`] with the record taking at most `share` percent of `budget`.
+/// How much of a summary's budget the record may take.
+#[derive(Debug, Clone, Copy)]
+pub struct RecordRoom {
+    pub encoding: Encoding,
+    /// The whole summary's budget, in tokens.
+    pub budget: u64,
+    /// The record's largest share of it, in percent.
+    pub share: u64,
+}
+
+/// [`attach`] with the record taking at most `room.share` percent of the budget.
 pub fn attach_share(
     model_text: &str,
     span: &[(Role, MessageView)],
     previous: Option<&str>,
-    encoding: Encoding,
-    budget: u64,
-    share: u64,
+    room: RecordRoom,
 ) -> String {
+    let RecordRoom {
+        encoding,
+        budget,
+        share,
+    } = room;
     let older = previous
         .and_then(|p| split(p).1)
         .map(Record::parse)

@@ -14,7 +14,7 @@ use crate::store::Checkpoint;
 
 use super::conversation::{covers_all, matches_prefix, Conversation};
 use super::plan::Plan;
-use super::{Engine, Mode, RequestContext, Status, SummaryError, Trigger};
+use super::{Engine, Mode, Status, SummaryError, Trigger};
 
 /// How often a request waiting for another's summary looks for the result.
 const WAIT_POLL: Duration = Duration::from_millis(40);
@@ -36,7 +36,6 @@ impl Engine {
     /// wrote a new summary.
     pub(super) async fn compact(
         self: &Arc<Self>,
-        context: &RequestContext,
         conversation: &Conversation,
         base: Option<&Checkpoint>,
         trigger: Trigger,
@@ -69,7 +68,7 @@ impl Engine {
                     holder,
                 };
                 return self
-                    .summarize_detached(context, conversation, job)
+                    .summarize_detached(conversation, job)
                     .await
                     .map(|cp| (cp, true));
             }
@@ -86,7 +85,7 @@ impl Engine {
             });
             if other.is_some() && !ours {
                 let result = self
-                    .summarize_and_store(context, conversation, base.as_ref(), &plan, trigger)
+                    .summarize_and_store(conversation, base.as_ref(), &plan, trigger)
                     .await;
                 return result.map(|cp| (cp, true));
             }
@@ -110,7 +109,7 @@ impl Engine {
                     });
                 if let Some(cp) = fresh {
                     let view = self.view(conversation, Some(&cp));
-                    let enough = match context.mode {
+                    let enough = match conversation.context.mode {
                         Mode::Force => true,
                         Mode::Whole => covers_all(&cp, conversation),
                         Mode::Auto | Mode::Off => self.fits(conversation, &view),
@@ -142,24 +141,16 @@ impl Engine {
     /// gets it as soon as it is written instead of waiting out a lease nobody would release.
     async fn summarize_detached(
         self: &Arc<Self>,
-        context: &RequestContext,
         conversation: &Conversation,
         job: Job,
     ) -> Result<Checkpoint, SummaryError> {
         let engine = self.clone();
-        let context = context.clone();
         // The task outlives the borrowed conversation: it takes a copy (counts and chain, not
         // counted or hashed again).
         let conversation = conversation.clone();
         let task = tokio::spawn(async move {
             let result = engine
-                .summarize_and_store(
-                    &context,
-                    &conversation,
-                    job.base.as_ref(),
-                    &job.plan,
-                    job.trigger,
-                )
+                .summarize_and_store(&conversation, job.base.as_ref(), &job.plan, job.trigger)
                 .await;
             if let Err(e) = engine
                 .store
@@ -183,15 +174,11 @@ impl Engine {
     /// passed. The first request after that is let through to try again; requests arriving
     /// while it tries are still served without a summary, so a summarizer that is down sees one
     /// attempt per backoff, not one per request. Asking explicitly (`force`) always tries.
-    pub(super) fn backing_off(
-        &self,
-        context: &RequestContext,
-        anchor: Option<Hash>,
-    ) -> Option<Status> {
-        if context.mode == Mode::Force {
+    pub(super) fn backing_off(&self, conversation: &Conversation) -> Option<Status> {
+        if conversation.context.mode == Mode::Force {
             return None;
         }
-        let mut state = self.unproductive.get_mut(&anchor?)?;
+        let mut state = self.unproductive.get_mut(&conversation.anchor?)?;
         if state.in_a_row < self.config.max_unproductive_compactions {
             return None;
         }

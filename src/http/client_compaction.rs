@@ -14,11 +14,10 @@
 
 use std::sync::Arc;
 
-use axum::body::Body;
-use axum::extract::State;
+use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
-use http::{HeaderMap, Method, Uri};
+use http::HeaderMap;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
@@ -190,11 +189,10 @@ fn answered(path: &'static str, checkpoint: &Checkpoint, mut response: Response)
 pub(super) async fn compact(
     State(app): State<Arc<App>>,
     Extension(tenant): Extension<Tenant>,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Body,
+    request: Request,
 ) -> Response {
+    let (parts, body) = request.into_parts();
+    let (method, uri, headers) = (parts.method, parts.uri, parts.headers);
     if !app.client_compaction.emulate {
         return passthrough(State(app), method, uri, headers, body).await;
     }

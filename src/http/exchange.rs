@@ -179,7 +179,7 @@ impl Exchange<'_> {
             // once, on the conversation already identified.
             self.app.metrics.overflow_retries.inc();
             let again = engine
-                .retry_after_overflow(&context, identified, overflow, outcome.sent_raw_tokens)
+                .retry_after_overflow(identified, overflow, outcome.sent_raw_tokens)
                 .await
                 .map_err(|e| ApiError::ContextLength(e.to_string()))?;
             let summary_before = outcome.summary_time;
