@@ -661,3 +661,86 @@ async fn toward_a_provider_with_its_own_compaction_both_pass_through() {
     assert_eq!(mock.others().last().unwrap().json(), body);
     assert!(mock.summaries().is_empty());
 }
+
+#[tokio::test]
+async fn an_item_sent_twice_or_too_many_items_are_refused_before_any_work() {
+    let mock = start_responses_mock().await;
+    let proxy = proxy_for(&mock, 3000).await;
+    let thread = long_thread(10);
+    let reply = post(&proxy, "/responses", KEY, &with_trigger(&thread, false)).await;
+    let item = the_compaction_item(&reply.json()["output"]);
+    // The same item twice: expanded once each time it appears, it would multiply the request.
+    let mut twice = after_compaction(&thread, &item);
+    let input = twice["input"].as_array_mut().unwrap();
+    let at = input.len() - 1;
+    input.insert(at, item.clone());
+    let reply = post(&proxy, "/responses", KEY, &twice).await;
+    assert_eq!(reply.status, 400, "{}", reply.body);
+    assert_eq!(reply.json()["error"]["code"], "invalid_compaction_item");
+    assert!(
+        reply.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("repeats"),
+        "{}",
+        reply.body
+    );
+    // Many distinct-looking items (forged copies) are refused by count, before any is opened.
+    let mut many = after_compaction(&thread, &item);
+    let input = many["input"].as_array_mut().unwrap();
+    for n in 0..20 {
+        let mut copy = item.clone();
+        copy["encrypted_content"] = json!(format!("cmpx1.{n:04}.00"));
+        input.insert(1, copy);
+    }
+    let reply = post(&proxy, "/responses", KEY, &many).await;
+    assert_eq!(reply.status, 400, "{}", reply.body);
+    assert!(reply.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("at most"));
+    assert!(mock.turns().is_empty(), "nothing reached the provider");
+    assert_eq!(mock.summaries().len(), 1, "only the first compaction");
+}
+
+#[tokio::test]
+async fn a_minted_item_never_reaches_the_provider_with_server_state_or_escaped_words() {
+    let mock = start_responses_mock().await;
+    let proxy = proxy_for(&mock, 3000).await;
+    let thread = long_thread(10);
+    let reply = post(&proxy, "/responses", KEY, &with_trigger(&thread, false)).await;
+    let item = the_compaction_item(&reply.json()["output"]);
+    let content = item["encrypted_content"].as_str().unwrap().to_string();
+    // With `previous_response_id` the request is not compacted, but the item is still expanded.
+    let mut stateful = after_compaction(&thread, &item);
+    stateful["previous_response_id"] = json!("resp_1");
+    let reply = post(&proxy, "/responses", KEY, &stateful).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let sent = mock.turns().last().unwrap().body.clone();
+    let sent = String::from_utf8_lossy(&sent);
+    assert!(
+        !sent.contains(&content) && sent.contains("SUMMARY-1"),
+        "{sent}"
+    );
+    assert!(sent.contains("resp_1"));
+    // The item's type written with a JSON escape is the same item.
+    let escaped = serde_json::to_string(&after_compaction(&thread, &item))
+        .unwrap()
+        .replace("\"compaction\"", "\"\\u0063ompaction\"");
+    let reply = common::post(
+        &format!("{}/v1/responses", proxy.url()),
+        &[("authorization", KEY)],
+        escaped,
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let sent = String::from_utf8_lossy(&mock.turns().last().unwrap().body).to_string();
+    assert!(!sent.contains(&content), "{sent}");
+    // A body that is not a Responses request but holds server state and a minted item is
+    // refused rather than forwarded.
+    let broken = json!({"model": MODEL, "previous_response_id": "resp_1", "input": [item, 5]});
+    let turns = mock.turns().len();
+    let reply = post(&proxy, "/responses", KEY, &broken).await;
+    assert_eq!(reply.status, 400, "{}", reply.body);
+    assert_eq!(mock.turns().len(), turns, "the broken body never left");
+}

@@ -29,6 +29,7 @@ use super::tenant::Tenant;
 use crate::compaction::{RequestContext, SummaryError};
 use crate::dialect::responses::answers;
 use crate::dialect::responses::request::{summary_item, ResponsesRequest};
+use crate::dialect::responses::sealed::Sealer;
 use crate::dialect::WireRequest;
 use crate::identity;
 use crate::metrics::Route;
@@ -57,9 +58,17 @@ pub(super) async fn intercept(
     Ok(Intercepted::Forward(request, expanded))
 }
 
+/// Most compaction items Compactor minted that one request may carry: a client sends back the
+/// newest one (Codex), so a few leave room for clients that keep more, and bound what one
+/// request can make the proxy read and expand.
+const MAX_MINTED_ITEMS: usize = 8;
+
 /// Replaces every compaction item Compactor minted by its checkpoint's summary message, and
 /// returns the last such checkpoint's id; `None` when the request holds none.
-async fn expand(
+///
+/// Each item is expanded once: the same item twice, or more than [`MAX_MINTED_ITEMS`], is
+/// refused, and so is a request whose expanded body outgrows the body limit.
+pub(super) async fn expand(
     app: &App,
     tenant: &Tenant,
     request: &mut ResponsesRequest,
@@ -67,6 +76,27 @@ async fn expand(
     let minted = request.minted_compactions();
     if minted.is_empty() {
         return Ok(None);
+    }
+    if minted.len() > MAX_MINTED_ITEMS {
+        return Err(ApiError::BadRequest {
+            message: format!(
+                "this input carries {} compaction items; at most {MAX_MINTED_ITEMS} are accepted",
+                minted.len()
+            ),
+            param: Some("input".into()),
+            code: Some("invalid_compaction_item"),
+        });
+    }
+    for (n, (index, content)) in minted.iter().enumerate() {
+        if let Some((first, _)) = minted[..n].iter().find(|(_, c)| c == content) {
+            return Err(ApiError::BadRequest {
+                message: format!(
+                    "the compaction item at input[{index}] repeats the one at input[{first}]"
+                ),
+                param: Some(format!("input[{index}]")),
+                code: Some("invalid_compaction_item"),
+            });
+        }
     }
     let mut replacements: Vec<(usize, Box<RawValue>)> = Vec::with_capacity(minted.len());
     let mut last = String::new();
@@ -99,7 +129,27 @@ async fn expand(
         last = checkpoint.id;
     }
     request.replace_items(replacements)?;
+    if request.original_body().len() > app.limits.max_body_bytes {
+        return Err(ApiError::TooLarge {
+            limit: app.limits.max_body_bytes,
+        });
+    }
     Ok(Some(last))
+}
+
+/// Whether a body that is not a Responses request Compactor can read still carries one of the
+/// compaction items it minted somewhere in its JSON: such an item must never reach a provider,
+/// which could not read it anyway.
+pub(super) fn carries_minted_item(bytes: &[u8]) -> bool {
+    fn walk(value: &Value) -> bool {
+        match value {
+            Value::String(s) => Sealer::is_ours(s),
+            Value::Array(items) => items.iter().any(walk),
+            Value::Object(fields) => fields.values().any(walk),
+            _ => false,
+        }
+    }
+    serde_json::from_slice::<Value>(bytes).is_ok_and(|value| walk(&value))
 }
 
 /// Summarizes the whole conversation of `request` (its compaction triggers left out) into one

@@ -247,11 +247,29 @@ impl Exchange<'_> {
                 },
             );
         }
-        let parsed = ResponsesRequest::parse(&bytes);
-        let request = match self.server_state(parsed, |r| r.uses_server_state(), &bytes)? {
+        let mut request = match ResponsesRequest::parse(&bytes) {
             Ok(request) => request,
-            Err(bytes) => return Ok(Parsed::ServerState(bytes)),
+            Err(e) => {
+                let holds = self.target.holds_server_state;
+                if holds.is_some_and(|holds| holds(&bytes))
+                    && !client_compaction::carries_minted_item(&bytes)
+                {
+                    return Ok(Parsed::ServerState(bytes));
+                }
+                return Err(e.into());
+            }
         };
+        if request.uses_server_state() {
+            // Forwarded as it came, except for the items Compactor minted: those are expanded,
+            // never sent to the provider.
+            if client_compaction::expand(self.app, self.tenant, &mut request)
+                .await?
+                .is_some()
+            {
+                return Ok(Parsed::ServerState(Bytes::from(request.original_body())));
+            }
+            return Ok(Parsed::ServerState(bytes));
+        }
         let intercepted = client_compaction::intercept(self.app, self.tenant, request).await?;
         Ok(match intercepted {
             Intercepted::Trigger(request) if answer_trigger => Parsed::Answered(
