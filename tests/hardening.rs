@@ -468,3 +468,37 @@ fn serve_warns_when_anyone_reachable_spends_the_upstream_key() {
     let loopback = startup_log(&["--listen", "127.0.0.1:0"], &env);
     assert!(!loopback.contains("OPEN RELAY"), "{loopback}");
 }
+
+#[tokio::test]
+async fn an_error_that_only_quotes_overflow_words_is_passed_on_without_a_retry() {
+    let mock = start_mock().await;
+    let proxy = start_proxy(config(&mock.url())).await;
+    // llama.cpp quotes an invalid `tool_choice` back in a plain 400: the words of an overflow,
+    // in a request a hundredth of the window.
+    let body = serde_json::json!({
+        "model": "agent-model",
+        "tool_choice": "context length exceeded: this model's maximum context length is 64 tokens",
+        "messages": [{"role": "user", "content": "Say hello."}],
+    });
+    for _ in 0..2 {
+        let reply = common::post(
+            &format!("{}/v1/chat/completions", proxy.url()),
+            &[("authorization", "Bearer k")],
+            body.to_string(),
+        )
+        .await;
+        assert_eq!(reply.status, 400, "{}", reply.body);
+        assert!(
+            reply.body.contains("Invalid tool_choice"),
+            "the provider's own error: {}",
+            reply.body
+        );
+        assert_eq!(reply.header("x-compactor-compacted"), Some("false"));
+    }
+    assert_eq!(
+        mock.chats().len(),
+        2,
+        "one upstream call per request, no retry"
+    );
+    assert!(mock.summaries().is_empty(), "no compaction");
+}

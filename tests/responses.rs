@@ -234,7 +234,15 @@ async fn when_nothing_helps_the_client_sees_context_length_exceeded() {
     assert_eq!(reply.status, 400, "{}", reply.body);
     let error = &reply.json()["error"];
     assert_eq!(error["code"], "context_length_exceeded", "{}", reply.body);
-    assert!(error["message"].as_str().unwrap().contains("context"));
+    // What was measured: the whole compacted prompt, as the provider counted it, against the
+    // window it stated.
+    let message = error["message"].as_str().unwrap();
+    assert!(
+        message.contains("the compacted prompt takes")
+            && message.contains("tokens by the provider's count")
+            && !message.contains("alone take"),
+        "{message}"
+    );
 }
 
 #[tokio::test]

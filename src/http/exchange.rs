@@ -174,7 +174,13 @@ impl Exchange<'_> {
             .map_err(|e| ApiError::ContextLength(e.to_string()))?;
         let mut outcome = prepared.outcome;
         let (mut response, mut probe) = self.send(prepared.body).await?;
-        if let Some(overflow) = probe.overflow.filter(|_| mode != Mode::Off) {
+        let worth_a_retry = |overflow: &Overflow| {
+            // An overflow in the provider's own shape is believed; one that only has the words
+            // (an error quoting the client's input back) earns a retry only when our own count
+            // says the request is near the window, else the error goes to the client as it is.
+            mode != Mode::Off && (overflow.trusted || outcome.tokens_after * 2 >= outcome.window)
+        };
+        if let Some(overflow) = probe.overflow.filter(worth_a_retry) {
             // The provider's window is smaller than we thought: learn it, compact harder, retry
             // once, on the conversation already identified.
             self.app.metrics.overflow_retries.inc();
@@ -453,14 +459,21 @@ impl Exchange<'_> {
     }
 }
 
-/// The refusal of a request the provider still found too long after compaction: the numbers are
-/// the provider's where it gave them, the proxy's otherwise.
+/// The refusal of a request the provider still found too long after compaction, saying what
+/// was measured: the whole compacted prompt, by the provider's count where it gave one (ours
+/// otherwise), against the window it stated (or the one we assumed). The first two numbers are
+/// the prompt and the window, as clients that read them expect.
 fn cannot_fit_message(overflow: Overflow, sent: u64, window: u64) -> String {
-    crate::compaction::CannotFit {
-        needed: overflow.requested.unwrap_or(sent),
-        window: overflow.limit.unwrap_or(window),
-    }
-    .to_string()
+    let counted = match overflow.requested {
+        Some(requested) => format!("{requested} tokens by the provider's count"),
+        None => format!("{sent} tokens by Compactor's count"),
+    };
+    let window = overflow.limit.unwrap_or(window);
+    format!(
+        "the provider refused this conversation as too long even after compaction: the compacted \
+         prompt takes {counted}, and the model's context window is {window} tokens; shorten the \
+         system prompt, tools or last message, or start a new conversation"
+    )
 }
 
 /// What the start of the provider's answer says.
