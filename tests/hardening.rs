@@ -502,3 +502,78 @@ async fn an_error_that_only_quotes_overflow_words_is_passed_on_without_a_retry()
     );
     assert!(mock.summaries().is_empty(), "no compaction");
 }
+
+#[tokio::test]
+async fn the_log_names_each_requests_conversation_and_checkpoint_and_what_a_checkpoint_replaces() {
+    let mock = start_mock().await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    let served = Served::start(&["--listen", &listen, "--upstream", &mock.url()], &[]);
+    let mut messages = vec![serde_json::json!({"role": "system", "content": "be brief"})];
+    let mut ids = Vec::new();
+    for turn in 0..2 {
+        for n in 0..6 {
+            let words = format!("turn {turn} step {n} {}", "words to summarize ".repeat(40));
+            messages.push(serde_json::json!({"role": "user", "content": words}));
+            messages.push(serde_json::json!({"role": "assistant", "content": "done"}));
+        }
+        messages.push(serde_json::json!({"role": "user", "content": "and now?"}));
+        let response = client()
+            .post(format!("http://{listen}/v1/chat/completions"))
+            .header("authorization", "Bearer k")
+            .header("x-compactor-mode", "force")
+            .header("content-type", "application/json")
+            .body(serde_json::json!({"model": "gpt-4o", "messages": messages}).to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        let id = response.headers()["x-compactor-checkpoint"]
+            .to_str()
+            .unwrap()
+            .to_string();
+        response.bytes().await.unwrap();
+        ids.push(id);
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while served.log().matches("Served a chat request").count() < 2 {
+        assert!(tokio::time::Instant::now() < deadline, "{}", served.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The text format, with its colours taken out.
+    let log = regex::Regex::new("\x1b\\[[0-9;]*m")
+        .unwrap()
+        .replace_all(&served.log(), "")
+        .into_owned();
+    let field = |line: &str, name: &str| -> String {
+        let at = line
+            .find(&format!(" {name}="))
+            .unwrap_or_else(|| panic!("{name}: {line}"));
+        line[at + name.len() + 2..]
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .trim_matches('"')
+            .to_string()
+    };
+    let served_lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("Served a chat"))
+        .collect();
+    let compacted: Vec<&str> = log.lines().filter(|l| l.contains("Compacted a")).collect();
+    assert_eq!(compacted.len(), 2, "{log}");
+    let conversation = field(served_lines[0], "conversation");
+    assert_eq!(conversation.len(), 16, "{}", served_lines[0]);
+    for (n, line) in served_lines.iter().enumerate() {
+        assert_eq!(field(line, "conversation"), conversation, "{line}");
+        assert_eq!(field(line, "checkpoint"), ids[n], "{line}");
+    }
+    assert_eq!(field(compacted[0], "replaces"), "-");
+    assert_eq!(field(compacted[1], "checkpoint"), ids[1]);
+    assert_eq!(field(compacted[1], "replaces"), ids[0], "{}", compacted[1]);
+    assert_eq!(field(compacted[1], "conversation"), conversation);
+}

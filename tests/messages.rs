@@ -156,6 +156,20 @@ async fn claude_code_session_replays_with_one_summary_per_checkpoint() {
         distinct.len(),
         "one summary per checkpoint"
     );
+    // The key the client sent as `x-api-key` reads its checkpoints as `Authorization: Bearer`
+    // too (and under its own header); another key does not.
+    let id = distinct.iter().next().unwrap();
+    let url = format!("{}/compactor/v1/checkpoints/{id}", proxy.url());
+    let (status, body) = common::get(&url, Some("Bearer sk-test")).await;
+    assert_eq!(status, 200, "{body}");
+    let response = common::client()
+        .get(&url)
+        .header("x-api-key", "sk-test")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(common::get(&url, Some("Bearer sk-other")).await.0, 404);
     for (n, (received, (_, _, sent))) in forwarded.iter().zip(&requests).enumerate() {
         let body = received.json();
         assert_eq!(cut_problems(&body), Vec::<String>::new(), "request {n}");

@@ -205,7 +205,9 @@ impl Engine {
             tracing::warn!(error = %e, "Storing the checkpoint failed; it serves this request only.");
         }
         tracing::info!(
+            conversation = checkpoint.anchor.get(..16).unwrap_or(&checkpoint.anchor),
             checkpoint = %checkpoint.id,
+            replaces = base.map_or("-", |b| b.id.as_str()),
             covered = checkpoint.covered,
             tokens_before = checkpoint.tokens_before,
             tokens_after = checkpoint.tokens_after,

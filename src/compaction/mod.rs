@@ -55,6 +55,11 @@ use crate::tokenizer::{Cancel, Encoding};
 
 use conversation::{covers_all, Conversation, View};
 
+/// A conversation's id as logs name it: the first 16 hex digits of its anchor.
+pub fn identity_short(anchor: &Hash) -> String {
+    crate::identity::hex(anchor)[..16].to_string()
+}
+
 /// Requests up to this size (their elements' and head's bytes) are counted on the async worker
 /// that has them. Counting is linear in the text, so that is a fraction of a millisecond (a few
 /// at worst, for a run without whitespace), less than the thread hand-offs of the blocking pool
@@ -206,6 +211,8 @@ pub struct Outcome {
     pub store_degraded: bool,
     /// Raw (uncalibrated) tokens of what was sent, for calibration against `usage`.
     pub sent_raw_tokens: u64,
+    /// The conversation's id (its anchor, in hex) for logs, when it has one.
+    pub conversation: Option<String>,
 }
 
 /// The body to send and what happened.
@@ -564,6 +571,7 @@ impl Engine {
             sent_raw_tokens: original_total,
             tokens_before: prompt_tokens,
             tokens_after: prompt_tokens,
+            conversation: conversation.anchor.map(|a| identity_short(&a)),
             ..Outcome::default()
         }
     }

@@ -426,6 +426,8 @@ impl Exchange<'_> {
             prompt_tokens = outcome.prompt_tokens,
             tokens_sent = outcome.tokens_after,
             compacted = outcome.compacted,
+            conversation = outcome.conversation.as_deref().unwrap_or("-"),
+            checkpoint = outcome.checkpoint_id.as_deref().unwrap_or("-"),
             upstream_ms = self.upstream_time.as_millis() as u64,
             summary_ms = outcome.summary_time.as_millis() as u64,
             overhead_ms = overhead.as_secs_f64() * 1000.0,
