@@ -263,16 +263,26 @@ async fn thinking_turn_in_progress_reaches_the_model_unmodified() {
 
 #[tokio::test]
 async fn overflow_from_the_provider_is_compacted_and_retried() {
-    for style in [Overflow::Anthropic, Overflow::LlamaCpp] {
+    for style in [
+        Overflow::Anthropic,
+        Overflow::LlamaCpp,
+        Overflow::AfterMessageStart,
+    ] {
         let mock = messages_mock::start().await;
         // The proxy believes in a large window; the provider's is smaller.
         let proxy = proxy_for(&mock, 100_000).await;
         mock.set_window(1500, style);
-        let body = thinking_loop(8, 120);
+        let mut body = thinking_loop(8, 120);
+        body["stream"] = json!(style == Overflow::AfterMessageStart);
         let reply = post(&proxy, "/v1/messages", &[], body.to_string()).await;
         assert_eq!(reply.status, 200, "{style:?}: {}", reply.body);
         assert_eq!(reply.header("x-compactor-compacted"), Some("true"));
         assert_eq!(mock.forwarded().len(), 2, "{style:?}: one retry");
+        assert!(
+            !reply.body.contains("error") && reply.body.contains("Hello there"),
+            "{style:?}: the client sees the retried answer only: {}",
+            reply.body
+        );
     }
 }
 

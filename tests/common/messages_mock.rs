@@ -40,6 +40,9 @@ impl Received {
 pub enum Overflow {
     Anthropic,
     LlamaCpp,
+    /// A streamed request answered 200, `message_start` and a `ping`, then `event: error` with
+    /// Anthropic's overflow body, before any content (each event its own chunk).
+    AfterMessageStart,
 }
 
 #[derive(Default)]
@@ -47,6 +50,7 @@ pub struct MockState {
     /// Enforced window (0: none).
     pub window: AtomicU64,
     pub llama_overflow: std::sync::atomic::AtomicBool,
+    pub overflow_after_start: std::sync::atomic::AtomicBool,
     pub overflows: AtomicU64,
     pub messages: Mutex<Vec<Received>>,
     pub summaries: Mutex<Vec<Received>>,
@@ -69,6 +73,9 @@ impl MessagesMock {
         self.state
             .llama_overflow
             .store(style == Overflow::LlamaCpp, Ordering::SeqCst);
+        self.state
+            .overflow_after_start
+            .store(style == Overflow::AfterMessageStart, Ordering::SeqCst);
     }
 
     /// Client requests forwarded to the model (summary requests excluded).
@@ -169,6 +176,28 @@ async fn messages(State(state): State<Arc<MockState>>, req: Request) -> Response
     }
     state.messages.lock().unwrap().push(received);
     let window = state.window.load(Ordering::SeqCst);
+    let streamed = body["stream"].as_bool() == Some(true);
+    if window > 0
+        && tokens > window
+        && streamed
+        && state.overflow_after_start.load(Ordering::SeqCst)
+    {
+        state.overflows.fetch_add(1, Ordering::SeqCst);
+        let start = json!({"type": "message_start", "message": {"id": "msg_mock", "type": "message", "role": "assistant", "model": "mock", "content": [], "stop_reason": null, "usage": usage(tokens)}});
+        let error = json!({"type": "error", "error": {"type": "invalid_request_error", "message": format!("prompt is too long: {tokens} tokens > {window} maximum")}});
+        let chunks: Vec<Result<Bytes, std::io::Error>> = [
+            ("message_start", start),
+            ("ping", json!({"type": "ping"})),
+            ("error", error),
+        ]
+        .into_iter()
+        .map(|(name, data)| Ok(Bytes::from(format!("event: {name}\ndata: {data}\n\n"))))
+        .collect();
+        return Response::builder()
+            .header("content-type", "text/event-stream")
+            .body(Body::from_stream(futures::stream::iter(chunks)))
+            .unwrap();
+    }
     if window > 0 && tokens > window {
         state.overflows.fetch_add(1, Ordering::SeqCst);
         let error = if state.llama_overflow.load(Ordering::SeqCst) {

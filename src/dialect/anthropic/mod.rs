@@ -50,17 +50,33 @@ impl Dialect for Messages {
         overflow::classify(status, body)
     }
 
-    /// A stream that failed before any output: `event: error` with Anthropic's error body.
+    /// A stream that failed before any output: `event: error` with Anthropic's error body, as
+    /// the first event or after `message_start` and `ping`s.
     fn overflow_in_stream(&self, head: &[u8]) -> Option<Overflow> {
-        let text = std::str::from_utf8(head).ok()?;
-        let data = text
-            .lines()
+        let text = String::from_utf8_lossy(head);
+        text.lines()
+            .filter_map(|l| l.trim().strip_prefix("data:"))
             .map(str::trim)
-            .find_map(|l| l.strip_prefix("data:"))?
-            .trim();
-        let value: Value = serde_json::from_str(data).ok()?;
-        (value.get("type")? == "error").then_some(())?;
-        overflow::classify(400, data.as_bytes())
+            .find_map(|data| {
+                let value: Value = serde_json::from_str(data).ok()?;
+                (value.get("type")? == "error").then_some(())?;
+                overflow::classify(400, data.as_bytes())
+            })
+    }
+
+    /// A stream that has shown only `message_start` and `ping`s so far may still fail before
+    /// any output (an overflow sent as `event: error`): more is read before it is forwarded.
+    fn stream_head_undecided(&self, head: &[u8]) -> bool {
+        let text = String::from_utf8_lossy(head);
+        let mut opening_only = true;
+        for line in text.lines() {
+            let Some(kind) = line.strip_prefix("event:").map(str::trim) else {
+                continue;
+            };
+            opening_only &= matches!(kind, "message_start" | "ping");
+        }
+        // An event whose data has not fully arrived is not decided either way yet.
+        opening_only || !text.ends_with("\n\n")
     }
 
     fn error_body(&self, error: &ClientError) -> Value {
