@@ -81,6 +81,9 @@ pub struct CompactionConfig {
     pub checkpoint_ttl_secs: u64,
     pub model_facts_ttl_secs: u64,
     pub model_facts_cache_size: usize,
+    pub max_summary_chunks: usize,
+    pub max_concurrent_summaries: usize,
+    pub max_concurrent_summaries_per_tenant: usize,
 }
 
 /// Where summary requests go.
@@ -165,6 +168,9 @@ impl Default for CompactionConfig {
             checkpoint_ttl_secs: 30 * 24 * 3600,
             model_facts_ttl_secs: 24 * 3600,
             model_facts_cache_size: 4096,
+            max_summary_chunks: 12,
+            max_concurrent_summaries: 8,
+            max_concurrent_summaries_per_tenant: 2,
         }
     }
 }

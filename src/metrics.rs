@@ -49,6 +49,9 @@ pub struct Metrics {
     pub compaction_failures: Counter,
     pub summary_seconds: Histogram,
     pub summaries_in_progress: Gauge,
+    pub summary_requests: Counter,
+    pub summaries_refused: Family<ResultLabel, Counter>,
+    pub summary_slot_waits: Counter,
     pub tokens_saved: Counter,
     pub checkpoint_lookups: Family<ResultLabel, Counter>,
     pub ready_checkpoints_used: Counter,
@@ -102,6 +105,24 @@ impl Default for Metrics {
             "Summaries being written now, for requests or ahead of time",
             summaries_in_progress.clone(),
         );
+        let summary_requests = Counter::default();
+        registry.register(
+            "summary_requests",
+            "Requests sent to the summarizer (one per chunk of a span)",
+            summary_requests.clone(),
+        );
+        let summaries_refused = Family::<ResultLabel, Counter>::default();
+        registry.register(
+            "summaries_refused",
+            "Summaries not attempted, by reason (span_too_large)",
+            summaries_refused.clone(),
+        );
+        let summary_slot_waits = Counter::default();
+        registry.register(
+            "summary_slot_waits",
+            "Summaries that waited for a free slot (the proxy's or their tenant's limit)",
+            summary_slot_waits.clone(),
+        );
         let tokens_saved = Counter::default();
         registry.register(
             "tokens_saved",
@@ -147,6 +168,9 @@ impl Default for Metrics {
             compaction_failures,
             summary_seconds,
             summaries_in_progress,
+            summary_requests,
+            summaries_refused,
+            summary_slot_waits,
             tokens_saved,
             checkpoint_lookups,
             ready_checkpoints_used,

@@ -42,6 +42,9 @@ enum Behaviour {
 struct Canned {
     behaviour: Mutex<Behaviour>,
     calls: AtomicUsize,
+    /// Summaries being written now, and the most at once.
+    in_flight: AtomicUsize,
+    most_in_flight: AtomicUsize,
     /// The user prompts received, in order.
     prompts: Mutex<Vec<String>>,
 }
@@ -51,6 +54,8 @@ impl Canned {
         Arc::new(Canned {
             behaviour: Mutex::new(behaviour),
             calls: AtomicUsize::new(0),
+            in_flight: AtomicUsize::new(0),
+            most_in_flight: AtomicUsize::new(0),
             prompts: Mutex::new(Vec::new()),
         })
     }
@@ -69,6 +74,9 @@ impl Summarizer for Canned {
     ) -> Result<String, SummarizerError> {
         let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
         self.prompts.lock().unwrap().push(request.user.to_string());
+        let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most_in_flight.fetch_max(now, Ordering::SeqCst);
+        let _done = InFlight(&self.in_flight);
         let behaviour = *self.behaviour.lock().unwrap();
         match behaviour {
             Behaviour::Answer { delay } => {
@@ -83,6 +91,15 @@ impl Summarizer for Canned {
             }
             Behaviour::Hang => std::future::pending().await,
         }
+    }
+}
+
+/// Counts a summary as finished when dropped (also when its future is cancelled).
+struct InFlight<'a>(&'a AtomicUsize);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -690,4 +707,92 @@ async fn a_whole_compaction_covers_everything_extends_the_last_checkpoint_and_is
     // Nothing but instructions: nothing to compact.
     let only_system = &messages[..1];
     assert!(compact_whole(&setup, only_system).await.is_err());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_span_no_summary_could_cover_is_not_sent_to_the_summarizer() {
+    // A summarizer whose window takes a few hundred tokens per chunk, and a conversation of
+    // about 50,000: well over `max_summary_chunks` requests.
+    let setup = setup(
+        Behaviour::Answer {
+            delay: Duration::ZERO,
+        },
+        |_, summarizer| summarizer.window = 2_000,
+    );
+    let prepared = prepare(&setup, &session(200)).await;
+    assert_eq!(setup.summarizer.calls(), 0, "no summary request at all");
+    match &prepared.outcome.status {
+        Some(Status::Failed { reason, fallback }) => {
+            assert_eq!(reason, "span-too-large");
+            assert_eq!(*fallback, "dropped-oldest");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        prepared.outcome.tokens_after <= WINDOW,
+        "still served, within the window"
+    );
+    let text = setup.metrics.render();
+    assert!(
+        text.contains("summaries_refused_total{result=\"span_too_large\"} 1"),
+        "{text}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn summaries_at_once_are_bounded_per_tenant_and_overall() {
+    let setup = setup(
+        Behaviour::Answer {
+            delay: Duration::from_secs(2),
+        },
+        |config, _| {
+            config.max_concurrent_summaries = 3;
+            config.max_concurrent_summaries_per_tenant = 2;
+        },
+    );
+    // Six conversations of one tenant: at most two summaries at once.
+    let conversations: Vec<Vec<Value>> = (0..6)
+        .map(|c| {
+            let mut messages = session(40);
+            messages[1]["content"] = json!(format!("conversation {c}"));
+            messages
+        })
+        .collect();
+    let all = futures::future::join_all(conversations.iter().map(|m| prepare(&setup, m))).await;
+    assert!(all
+        .iter()
+        .all(|p| p.outcome.compacted && p.outcome.status.is_none()));
+    assert_eq!(setup.summarizer.calls(), 6);
+    assert_eq!(setup.summarizer.most_in_flight.load(Ordering::SeqCst), 2);
+    // Six tenants at once: three at most, the proxy's bound.
+    let setup = setup_bounded();
+    let tenants: Vec<RequestContext> = (0..6)
+        .map(|t| RequestContext {
+            tenant: identity::tenant(&format!("Bearer tenant-{t}")),
+            ..RequestContext::default()
+        })
+        .collect();
+    let request = request(&session(40));
+    let all = futures::future::join_all(
+        tenants
+            .iter()
+            .map(|context| prepare_as(&setup, context, &request)),
+    )
+    .await;
+    assert!(all.iter().all(|p| p.as_ref().unwrap().outcome.compacted));
+    assert_eq!(setup.summarizer.most_in_flight.load(Ordering::SeqCst), 3);
+    let text = setup.metrics.render();
+    assert!(text.contains("summary_slot_waits_total 3"), "{text}");
+}
+
+fn setup_bounded() -> Setup {
+    setup(
+        Behaviour::Answer {
+            delay: Duration::from_secs(2),
+        },
+        |config, _| {
+            config.max_concurrent_summaries = 3;
+            config.max_concurrent_summaries_per_tenant = 2;
+        },
+    )
 }

@@ -176,7 +176,6 @@ impl Engine {
             .map(|&i| (request.role(i), request.view(i)))
             .collect();
         let started = Instant::now();
-        let _in_progress = GaugeHeld::hold(&self.metrics.summaries_in_progress);
         let timeout = Duration::from_millis(self.config.summary_timeout_ms);
         let fold = Fold {
             base,
@@ -185,9 +184,14 @@ impl Engine {
             views: &views,
             trigger,
         };
-        let summary = tokio::time::timeout(timeout, self.write_summary(conversation, fold))
-            .await
-            .map_err(|_| SummaryError::Timeout)??;
+        let summary = tokio::time::timeout(timeout, async {
+            // Waiting for a slot counts toward the timeout, like the summary itself.
+            let _slots = self.summary_slots(&conversation.context.tenant).await;
+            let _in_progress = GaugeHeld::hold(&self.metrics.summaries_in_progress);
+            self.write_summary(conversation, fold).await
+        })
+        .await
+        .map_err(|_| SummaryError::Timeout)??;
         self.metrics
             .summary_seconds
             .observe(started.elapsed().as_secs_f64());
@@ -391,6 +395,15 @@ impl Engine {
             encoding,
             budget_for(previous).saturating_sub(max_tokens).max(256),
         );
+        if chunks.len() > self.config.max_summary_chunks.max(1) {
+            self.metrics
+                .summaries_refused
+                .get_or_create(&crate::metrics::ResultLabel {
+                    result: "span_too_large",
+                })
+                .inc();
+            return Err(SummaryError::SpanTooLarge);
+        }
         let last_chunk = chunks.len().saturating_sub(1);
         let mut folded = 0;
         // The model sees and rewrites only its own text; the record is carried by code.
@@ -413,6 +426,7 @@ impl Engine {
                 user: &user,
                 max_tokens,
             };
+            self.metrics.summary_requests.inc();
             let answer = self
                 .summarizer_for(conversation.request.dialect())
                 .summarize(&request, &conversation.context.credentials)
@@ -432,5 +446,64 @@ impl Engine {
         }
         let text = running.ok_or(SummaryError::Nothing)?;
         Ok(record::attach(&text, views, previous, encoding, allowance))
+    }
+
+    /// A slot to write one summary in: one of the proxy's and one of the tenant's, waited for
+    /// when all are taken.
+    async fn summary_slots(&self, tenant: &identity::Hash) -> SummarySlots<'_> {
+        let tenant_slots = self
+            .tenant_slots
+            .entry(*tenant)
+            .or_insert_with(|| {
+                Arc::new(tokio::sync::Semaphore::new(
+                    self.config.max_concurrent_summaries_per_tenant.max(1),
+                ))
+            })
+            .clone();
+        let waits =
+            tenant_slots.available_permits() == 0 || self.summary_slots.available_permits() == 0;
+        if waits {
+            self.metrics.summary_slot_waits.inc();
+        }
+        // Neither semaphore is ever closed.
+        let tenant_permit = tenant_slots.clone().acquire_owned().await.ok();
+        let permit = self.summary_slots.clone().acquire_owned().await.ok();
+        SummarySlots {
+            engine: self,
+            tenant: *tenant,
+            tenant_slots,
+            permits: (tenant_permit, permit),
+        }
+    }
+}
+
+/// The slots one summary holds, given back when it ends; the tenant's entry goes with its last
+/// summary, so the map stays as small as the summaries in progress.
+struct SummarySlots<'a> {
+    engine: &'a Engine,
+    tenant: identity::Hash,
+    tenant_slots: Arc<tokio::sync::Semaphore>,
+    permits: (
+        Option<tokio::sync::OwnedSemaphorePermit>,
+        Option<tokio::sync::OwnedSemaphorePermit>,
+    ),
+}
+
+impl Drop for SummarySlots<'_> {
+    fn drop(&mut self) {
+        let _ = self.permits.0.take();
+        let full = self
+            .engine
+            .config
+            .max_concurrent_summaries_per_tenant
+            .max(1);
+        let tenant_slots = &self.tenant_slots;
+        self.engine
+            .tenant_slots
+            .remove_if(&self.tenant, |_, slots| {
+                Arc::ptr_eq(slots, tenant_slots)
+                    && Arc::strong_count(slots) == 2
+                    && slots.available_permits() == full
+            });
     }
 }

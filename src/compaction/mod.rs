@@ -242,6 +242,9 @@ pub enum SummaryError {
     NoReduction,
     #[error("nothing-to-summarize")]
     Nothing,
+    /// The span would take more summary requests than `max_summary_chunks`.
+    #[error("span-too-large")]
+    SpanTooLarge,
 }
 
 impl From<SummarizerError> for SummaryError {
@@ -274,6 +277,11 @@ pub struct Engine {
     background: DashMap<Hash, ()>,
     /// Token counts of summary messages, by dialect, encoding and checkpoint id.
     summary_tokens: quick_cache::sync::Cache<(&'static str, Encoding, String), u64>,
+    /// Summaries written at once by this proxy (`max_concurrent_summaries`).
+    summary_slots: Arc<tokio::sync::Semaphore>,
+    /// Summaries written at once per tenant (`max_concurrent_summaries_per_tenant`); an entry
+    /// lives while one of the tenant's summaries does.
+    tenant_slots: DashMap<Hash, Arc<tokio::sync::Semaphore>>,
     /// Summary texts, by checkpoint id ([`Engine::summary_text`]).
     summary_texts: quick_cache::sync::Cache<String, Arc<str>>,
     replica: String,
@@ -309,6 +317,9 @@ impl Engine {
             metrics,
         } = parts;
         let facts = quick_cache::sync::Cache::new(config.model_facts_cache_size.max(1));
+        let summary_slots = Arc::new(tokio::sync::Semaphore::new(
+            config.max_concurrent_summaries.max(1),
+        ));
         Engine {
             config,
             summarizer,
@@ -323,6 +334,8 @@ impl Engine {
             background: DashMap::new(),
             summary_tokens: quick_cache::sync::Cache::new(10_000),
             summary_texts: quick_cache::sync::Cache::new(1_000),
+            summary_slots,
+            tenant_slots: DashMap::new(),
             replica: format!("{:016x}", rand::random::<u64>()),
             attempts: AtomicU64::new(0),
         }
