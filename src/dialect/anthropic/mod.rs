@@ -5,7 +5,8 @@
 //! the core's grouping: a user message made of `tool_result` blocks is a tool result (it stays
 //! with the assistant step before it), a `role: "system"` message inside `messages` (Claude
 //! Code's environment notes) is an instruction: never summarized, kept verbatim after the
-//! summary. The summary is a user message; consecutive user messages are legal here.
+//! summary. The summary is a user message; consecutive user messages are legal here, and for a
+//! backend that demands alternation (`merge_into_user`) it opens the next user message instead.
 //!
 //! [`parse`] reads and validates a body, [`wire`] writes errors and summary requests in
 //! Messages form and reads answers and `usage` back.
@@ -249,16 +250,49 @@ impl WireRequest for MessagesRequest {
             })
             .collect();
         let kept = (covered..self.messages.len()).map(|i| {
-            truncated
+            let raw = truncated
                 .iter()
                 .find(|(index, _)| *index == i)
-                .map_or(&*self.messages[i].raw, |(_, raw)| &**raw)
+                .map_or(&*self.messages[i].raw, |(_, raw)| &**raw);
+            (i, raw)
         });
-        let messages = std::iter::once(&*summary)
-            .chain(pinned.map(|i| &*self.messages[i].raw))
-            .chain(kept);
+        let sent: Vec<(usize, &RawValue)> = pinned
+            .map(|i| (i, &*self.messages[i].raw))
+            .chain(kept)
+            .collect();
+        // For a backend that demands alternation, the summary opens the first message that
+        // starts a turn rather than standing alone before it.
+        let opening = sent
+            .iter()
+            .position(|&(i, _)| self.messages[i].role != Author::System)
+            .filter(|&p| rewrite.merge_into_user && self.messages[sent[p].0].is_real_user());
+        let Some(opening) = opening else {
+            let rest = sent.iter().map(|&(_, raw)| raw);
+            return self.to_body(std::iter::once(&*summary).chain(rest));
+        };
+        let merged = merge_summary(sent[opening].1, text);
+        let messages = sent
+            .iter()
+            .enumerate()
+            .map(|(p, &(_, raw))| if p == opening { &*merged } else { raw });
         self.to_body(messages)
     }
+}
+
+/// A user message with the summary as the first block of its content.
+fn merge_summary(message: &RawValue, text: &str) -> Box<RawValue> {
+    let Ok(mut value) = serde_json::from_str::<Value>(message.get()) else {
+        return message.to_owned();
+    };
+    let summary = wire::summary_message(text)["content"][0].clone();
+    value["content"] = match value.get("content") {
+        Some(Value::String(s)) => serde_json::json!([summary, {"type": "text", "text": s}]),
+        Some(Value::Array(blocks)) => {
+            Value::Array(std::iter::once(summary).chain(blocks.clone()).collect())
+        }
+        _ => serde_json::json!([summary]),
+    };
+    to_raw(&value)
 }
 
 /// A message read as text, tool calls (`tool_use` blocks, their `input` as the arguments) and

@@ -111,6 +111,34 @@ fn render_puts_the_summary_first_and_keeps_the_rest_byte_for_byte() {
 }
 
 #[test]
+fn merged_into_user_the_summary_opens_the_next_turn() {
+    let body = json!({"model": "m", "messages": [
+        {"role": "user", "content": "one"},
+        {"role": "assistant", "content": "two"},
+        {"role": "system", "content": "cwd: /repo"},
+        {"role": "user", "content": "three"},
+        {"role": "assistant", "content": "four"},
+    ]});
+    let request = Messages.parse(body.to_string().as_bytes()).unwrap();
+    let cp = checkpoint(3, None);
+    let out = request.render(&Through {
+        checkpoint: &cp,
+        tokens: &[10; 5],
+        merge_into_user: true,
+        text: "SUMMARY",
+    });
+    let sent: Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(
+        sent["messages"],
+        json!([
+            {"role": "system", "content": "cwd: /repo"},
+            {"role": "user", "content": [{"type": "text", "text": "SUMMARY"}, {"type": "text", "text": "three"}]},
+            {"role": "assistant", "content": "four"},
+        ])
+    );
+}
+
+#[test]
 fn overflows_of_both_providers_are_recognised() {
     let anthropic = Messages
         .overflow(400, ANTHROPIC_OVERFLOW.as_bytes())
