@@ -5,6 +5,11 @@
 //! is never more than the proxy's count), answers overflows with a real provider's error body,
 //! writes numbered summaries for requests marked `x-compactor-purpose: summary`, and records
 //! everything it receives. Models named `mock-…` select special behaviours.
+//!
+//! Beside it: [`messages_mock`] and [`responses_mock`], the same for one format each;
+//! [`provider_mock`], one mock serving all three formats alike (the dialect battery's);
+//! [`turns_dialect`], a wire format written only for the tests; [`redis_server`] and
+//! [`redis_cluster`], real Redis processes on free ports.
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
@@ -431,9 +436,11 @@ pub fn completion_json(text: &str, prompt_tokens: u64) -> Value {
 }
 
 pub mod messages_mock;
+pub mod provider_mock;
 pub mod redis_cluster;
 pub mod redis_server;
 pub mod responses_mock;
+pub mod turns_dialect;
 
 /// The binary, with no `COMPACTOR_…` variable of the test's environment.
 pub fn compactor_command() -> std::process::Command {
