@@ -37,6 +37,11 @@ enum Behaviour {
         delay: Duration,
     },
     Hang,
+    /// Refuses, as a provider does, any request whose user prompt is longer than `limit`
+    /// tokens: its context window; answers the others.
+    OverflowAbove {
+        limit: u64,
+    },
 }
 
 struct Canned {
@@ -90,6 +95,17 @@ impl Summarizer for Canned {
                 Err(SummarizerError::Status(503))
             }
             Behaviour::Hang => std::future::pending().await,
+            Behaviour::OverflowAbove { limit } => {
+                let tokens = compactor::tokenizer::Encoding::O200k.count(request.user);
+                if tokens > limit {
+                    return Err(SummarizerError::Overflow(compactor::dialect::Overflow {
+                        limit: Some(limit),
+                        requested: Some(tokens),
+                        trusted: true,
+                    }));
+                }
+                Ok(format!("## Goal\nsummary number {n}"))
+            }
         }
     }
 }
@@ -795,4 +811,43 @@ fn setup_bounded() -> Setup {
             config.max_concurrent_summaries_per_tenant = 2;
         },
     )
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_summarizer_that_overflows_teaches_its_window_and_gets_smaller_chunks() {
+    // The engine believes the summarizer's window is the model's 8,000 tokens; the summarizer
+    // takes 2,500. The first chunked attempt overflows, the window is learned, the span is
+    // summarized again in chunks that fit.
+    let setup = setup(
+        Behaviour::OverflowAbove { limit: 2_500 },
+        |_, summarizer| {
+            summarizer.window = 0;
+        },
+    );
+    let prepared = prepare(&setup, &session(40)).await;
+    assert!(
+        prepared.outcome.compacted && prepared.outcome.status.is_none(),
+        "{:?}",
+        prepared.outcome.status
+    );
+    assert_eq!(setup.engine.window_for(MODEL).await, 2_500);
+    let prompts = setup.summarizer.prompts.lock().unwrap().clone();
+    assert!(
+        prompts.len() >= 2,
+        "a second, smaller attempt: {}",
+        prompts.len()
+    );
+    let last = prompts.last().unwrap();
+    assert!(compactor::tokenizer::Encoding::O200k.count(last) <= 2_500);
+    // A summarizer too small for any chunk: the cause is named, not hidden as a broken upstream.
+    let setup = setup_with(Behaviour::OverflowAbove { limit: 10 });
+    let whole = compact_whole(&setup, &session(3)).await;
+    assert!(
+        matches!(whole, Err(SummaryError::SummarizerOverflow)),
+        "{whole:?}"
+    );
+}
+
+fn setup_with(behaviour: Behaviour) -> Setup {
+    setup(behaviour, |_, summarizer| summarizer.window = 0)
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::summarizer::SummarizerError;
 use crate::dialect::{MessageView, Role, SummaryRequest};
 use crate::identity;
 use crate::measure::calibration;
@@ -351,9 +352,7 @@ impl Engine {
         conversation: &Conversation,
         fold: Fold<'_>,
     ) -> Result<String, SummaryError> {
-        let (span, views) = (fold.span, fold.views);
-        let previous = fold.base.map(|b| b.summary.as_str());
-        if span.is_empty() {
+        if fold.span.is_empty() {
             return Err(SummaryError::Nothing);
         }
         let model = if self.summarizer.model.is_empty() {
@@ -361,16 +360,55 @@ impl Engine {
         } else {
             self.summarizer.model.clone()
         };
+        // A summarizer that refuses a chunk as too long teaches its window (or, configured, has
+        // it halved for this span), and the span is summarized once more in smaller chunks.
+        let mut shrink = 1;
+        let mut retried = false;
+        loop {
+            match self
+                .write_summary_in_chunks(conversation, &fold, &model, shrink)
+                .await
+            {
+                Err(SummaryError::Summarizer(SummarizerError::Overflow(overflow))) if !retried => {
+                    retried = true;
+                    // A stated window is learned and used as it is; without one (or with a
+                    // configured summarizer window) the window is halved for this span.
+                    let stated = overflow.limit.filter(|_| overflow.trusted);
+                    if stated.is_some() && self.summarizer.window == 0 {
+                        let counted = overflow.requested.unwrap_or(0);
+                        self.learn_overflow(&model, overflow, counted).await;
+                    } else {
+                        shrink = 2;
+                    }
+                }
+                Err(SummaryError::Summarizer(SummarizerError::Overflow(_))) => {
+                    return Err(SummaryError::SummarizerOverflow)
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// [`Engine::write_summary`] with the summarizer's window divided by `shrink`.
+    async fn write_summary_in_chunks(
+        &self,
+        conversation: &Conversation,
+        fold: &Fold<'_>,
+        model: &str,
+        shrink: u64,
+    ) -> Result<String, SummaryError> {
+        let (span, views) = (fold.span, fold.views);
+        let previous = fold.base.map(|b| b.summary.as_str());
         let window = if self.summarizer.window > 0 {
             self.summarizer.window
         } else {
-            self.window_for(&model).await
-        };
+            self.window_for(model).await
+        } / shrink;
         let allowance = self.summary_allowance(conversation.window.min(window));
         // The model writes at most its part; the record fills what the model leaves.
         let max_tokens = record::model_allowance(allowance);
-        let encoding = Encoding::for_model(&model);
-        let factor = calibration::initial_factor(&model).max(conversation.factor);
+        let encoding = Encoding::for_model(model);
+        let factor = calibration::initial_factor(model).max(conversation.factor);
         let usable = ((window.saturating_sub(self.config.margin_tokens.min(window / 16)) as f64)
             / factor) as u64;
         let budget_for = |previous: Option<&str>| {
@@ -421,7 +459,7 @@ impl Engine {
             let user =
                 prompt::user_prompt(style, running.as_deref(), &chunk, &instructions, max_tokens);
             let request = SummaryRequest {
-                model: &model,
+                model,
                 system: style.system_prompt(),
                 user: &user,
                 max_tokens,
@@ -440,7 +478,7 @@ impl Engine {
                     encoding,
                     max_tokens: allowance,
                 };
-                self.store_progress(conversation, &fold, progress).await;
+                self.store_progress(conversation, fold, progress).await;
             }
             running = Some(text);
         }

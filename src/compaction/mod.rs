@@ -245,6 +245,9 @@ pub enum SummaryError {
     /// The span would take more summary requests than `max_summary_chunks`.
     #[error("span-too-large")]
     SpanTooLarge,
+    /// The summarizer refused the summary request as too long, in smaller chunks too.
+    #[error("summarizer-overflow")]
+    SummarizerOverflow,
 }
 
 impl From<SummarizerError> for SummaryError {

@@ -15,6 +15,9 @@ pub enum SummarizerError {
     Unreachable(#[source] Box<dyn std::error::Error + Send + Sync>),
     #[error("the summarizer answered with status {0}")]
     Status(u16),
+    /// The summarizer refused the request as longer than its context window.
+    #[error("the summarizer refused the summary request as too long for its context window")]
+    Overflow(crate::dialect::Overflow),
     #[error("the summarizer's answer cannot be used")]
     Answer(#[from] AnswerError),
 }

@@ -178,6 +178,12 @@ async fn compact_whole(
                 param: Some("input".into()),
                 code: Some("nothing_to_compact"),
             },
+            SummaryError::SummarizerOverflow | SummaryError::SpanTooLarge => {
+                ApiError::ContextLength(format!(
+                    "this input is too long for the summarizer's context window, even in smaller \
+                     chunks ({e})"
+                ))
+            }
             other => {
                 ApiError::UpstreamBroken(format!("the compaction could not be written: {other}"))
             }

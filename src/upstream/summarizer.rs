@@ -63,7 +63,11 @@ impl Summarizer for HttpSummarizer {
             .await
             .map_err(unreachable)?;
         if !response.status.is_success() {
-            return Err(SummarizerError::Status(response.status.as_u16()));
+            let status = response.status.as_u16();
+            return Err(match self.dialect.overflow(status, &body) {
+                Some(overflow) => SummarizerError::Overflow(overflow),
+                None => SummarizerError::Status(status),
+            });
         }
         Ok(self.dialect.summary_answer(&body)?)
     }
