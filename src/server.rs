@@ -11,9 +11,10 @@ use std::time::Duration;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
-use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tower::ServiceExt;
 
 use crate::compaction::{Engine, Parts};
@@ -22,7 +23,7 @@ use crate::dialect::responses::sealed::Sealer;
 use crate::dialect::{anthropic::Messages, chat::Chat, responses::Responses, Dialect};
 use crate::http::app::ClientCompaction;
 use crate::http::gateway_keys::GatewayKeys;
-use crate::http::limits::{ConnectionLimits, Limits};
+use crate::http::limits::{Activity, ConnectionLimits, HeldOpen, Limits};
 use crate::http::parse_error_bodies::{Answered, ParseErrorBodies};
 use crate::http::{router, App};
 use crate::measure::{windows::WindowTable, Meter};
@@ -137,9 +138,10 @@ pub fn build_with_store(
 /// Serves until `shutdown` resolves, then lets open requests finish for up to `grace`.
 ///
 /// The accept loop is written out (rather than `axum::serve`) for the connection limits: at
-/// most `max_connections` open at once, and a connection that has not completed a request's
-/// headers within `header_read_timeout` is closed, however slowly it trickles them. Each socket
-/// is wrapped so that the answers hyper makes itself for unparsable requests carry an error body.
+/// most `max_connections` open at once, a connection that has not completed a request's
+/// headers within `header_read_timeout` is closed, however slowly it trickles them, and so is
+/// one left without an open request for as long, HTTP/1.1 and HTTP/2 alike. Each socket is
+/// wrapped so that the answers hyper makes itself for unparsable requests carry an error body.
 pub async fn serve(
     listener: TcpListener,
     app: Arc<App>,
@@ -155,7 +157,8 @@ pub async fn serve(
         .header_read_timeout(limits.header_read_timeout);
     builder.http2().timer(TokioTimer::new());
     let open = Arc::new(Semaphore::new(limits.max_connections));
-    let graceful = GracefulShutdown::new();
+    let connections = TaskTracker::new();
+    let draining = CancellationToken::new();
     tokio::pin!(shutdown);
     loop {
         let stream = tokio::select! {
@@ -185,36 +188,64 @@ pub async fn serve(
         let started = std::sync::Mutex::new(Some(started_tx));
         let router = router.clone();
         let answered = Answered::default();
+        let activity = Activity::default();
         let io = ParseErrorBodies::new(stream, answered.clone());
+        let requests = activity.clone();
         let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
             let first = started.lock().ok().and_then(|mut s| s.take());
             if let Some(tx) = first {
                 let _ = tx.send(());
             }
+            let open = requests.open();
             let answered = answered.clone();
             let response = router.clone().oneshot(request.map(axum::body::Body::new));
             async move {
                 let response = response.await;
                 answered.one_more();
-                response
+                response.map(|r| r.map(|body| axum::body::Body::new(HeldOpen { body, open })))
             }
         });
         let connection = builder
             .serve_connection_with_upgrades(TokioIo::new(io), service)
             .into_owned();
-        let connection = graceful.watch(connection);
         let header_read_timeout = limits.header_read_timeout;
-        tokio::spawn(async move {
+        let draining = draining.clone();
+        connections.spawn(async move {
             tokio::pin!(connection);
             // HTTP/1 bounds each request's headers itself; this also bounds the time before
             // the first request of any protocol (hyper waits for a silent client's first bytes
             // without a deadline).
             let first = tokio::time::timeout(header_read_timeout, started_rx);
-            tokio::select! {
-                _ = &mut connection => {}
-                first = first => if matches!(first, Ok(Ok(()))) {
-                    let _ = connection.await;
-                },
+            tokio::pin!(first);
+            let (mut started, mut closing) = (false, false);
+            // Once asked to close, a connection has as long again to finish: an HTTP/2 client
+            // that never acknowledges the GOAWAY's ping would otherwise keep it open.
+            let close_by = tokio::time::sleep(Duration::MAX);
+            tokio::pin!(close_by);
+            loop {
+                tokio::select! {
+                    _ = &mut connection => break,
+                    first = &mut first, if !started => {
+                        if !matches!(first, Ok(Ok(()))) {
+                            break;
+                        }
+                        started = true;
+                    }
+                    _ = draining.cancelled(), if !closing => {
+                        connection.as_mut().graceful_shutdown();
+                        closing = true;
+                    }
+                    // Closing an idle connection gracefully (a GOAWAY on HTTP/2) tells its
+                    // client to open a new one for its next request.
+                    _ = activity.idle_for(header_read_timeout), if started && !closing => {
+                        connection.as_mut().graceful_shutdown();
+                        closing = true;
+                        close_by
+                            .as_mut()
+                            .reset(tokio::time::Instant::now() + header_read_timeout);
+                    }
+                    _ = &mut close_by, if closing => break,
+                }
             }
             drop(permit);
         });
@@ -224,11 +255,13 @@ pub async fn serve(
         grace_ms = grace.as_millis() as u64,
         "Shutting down: no new connections; draining open requests."
     );
-    tokio::select! {
-        _ = graceful.shutdown() => {}
-        _ = tokio::time::sleep(grace) => {
-            tracing::warn!("Drain deadline reached; closing the remaining requests.");
-        }
+    draining.cancel();
+    connections.close();
+    if tokio::time::timeout(grace, connections.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!("Drain deadline reached; closing the remaining requests.");
     }
     Ok(())
 }

@@ -343,6 +343,73 @@ async fn clients_that_trickle_or_withhold_headers_are_cut_off() {
     assert_eq!(status_of(&response), 200, "{response}");
 }
 
+/// An HTTP/2 (h2c, prior knowledge) connection that asks `GET /healthz` once: the preface, an
+/// empty SETTINGS frame and one HEADERS frame (`:method GET`, `:scheme http`, `:path /healthz`).
+async fn h2c_healthz(addr: SocketAddr) -> TcpStream {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    let mut bytes = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    bytes.extend_from_slice(&[0, 0, 0, 0x4, 0, 0, 0, 0, 0]);
+    let mut block = vec![0x82, 0x86, 0x44, 8];
+    block.extend_from_slice(b"/healthz");
+    bytes.extend_from_slice(&[0, 0, block.len() as u8, 0x1, 0x5, 0, 0, 0, 1]);
+    bytes.extend_from_slice(&block);
+    stream.write_all(&bytes).await.unwrap();
+    stream
+}
+
+/// What the peer sent until it closed the connection; fails the test when it was still open
+/// after `within`.
+async fn read_until_closed(stream: &mut TcpStream, within: Duration) -> Vec<u8> {
+    let deadline = tokio::time::Instant::now() + within;
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match tokio::time::timeout_at(deadline, stream.read(&mut buf)).await {
+            Err(_) => panic!("the connection was still open after {within:?}"),
+            Ok(Ok(0)) | Ok(Err(_)) => return out,
+            Ok(Ok(n)) => out.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+/// HTTP/2 frames as (type, stream id, payload).
+fn h2_frames(mut bytes: &[u8]) -> Vec<(u8, u32, Vec<u8>)> {
+    let mut frames = Vec::new();
+    while bytes.len() >= 9 {
+        let len = u32::from_be_bytes([0, bytes[0], bytes[1], bytes[2]]) as usize;
+        let id = u32::from_be_bytes([bytes[5], bytes[6], bytes[7], bytes[8]]) & 0x7fff_ffff;
+        let end = (9 + len).min(bytes.len());
+        frames.push((bytes[3], id, bytes[9..end].to_vec()));
+        bytes = &bytes[end..];
+    }
+    frames
+}
+
+#[tokio::test]
+async fn idle_http2_connections_are_closed_like_http1_ones() {
+    let mock = start_mock().await;
+    let mut cfg = config(&mock.url());
+    cfg.header_read_timeout_ms = 400;
+    cfg.max_connections = 2;
+    let proxy = start_proxy(cfg).await;
+    let held = [h2c_healthz(proxy.addr).await, h2c_healthz(proxy.addr).await];
+    for mut stream in held {
+        // Answered 200 (`:status 200` is the static table's entry 8), then, idle, closed with
+        // a GOAWAY.
+        let frames = h2_frames(&read_until_closed(&mut stream, Duration::from_secs(4)).await);
+        assert!(
+            frames.iter().any(|(kind, id, payload)| *kind == 0x1
+                && *id == 1
+                && payload.first() == Some(&0x88)),
+            "{frames:?}"
+        );
+        assert!(frames.iter().any(|(kind, ..)| *kind == 0x7), "{frames:?}");
+    }
+    // Their slots are free again: a new client is served, not refused as overloaded.
+    let response = raw(proxy.addr, "GET /healthz HTTP/1.1").await;
+    assert_eq!(status_of(&response), 200, "{response}");
+}
+
 #[tokio::test]
 async fn connections_beyond_the_cap_are_answered_503() {
     let mock = start_mock().await;

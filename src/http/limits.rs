@@ -8,8 +8,15 @@
 //! When the budget is spent the request is refused with 503 and `retry-after`, rather than
 //! queued: the client's own retry logic knows what to do with that, and nothing piles up here.
 //! Pass-through bodies are streamed, never buffered, so they only get the read timeout.
+//!
+//! A connection may also cost one of the `max_connections` slots while it does nothing:
+//! [`Activity`] counts the requests open on one connection so that the accept loop can close it
+//! once it has been idle for the header read timeout, whatever its protocol (hyper bounds the wait
+//! for the next HTTP/1.1 request itself, but nothing bounds an idle HTTP/2 connection).
 
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::Body;
@@ -17,7 +24,8 @@ use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use http::HeaderMap;
 use http_body_util::BodyExt;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use hyper::body::{Frame, SizeHint};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 
 use super::error::ApiError;
 
@@ -37,6 +45,77 @@ pub struct Limits {
 pub struct ConnectionLimits {
     pub header_read_timeout: Duration,
     pub max_connections: usize,
+}
+
+/// The requests open on one connection: from the moment its handler is called until its
+/// response body is sent or dropped (a streamed answer keeps its connection busy).
+#[derive(Clone)]
+pub struct Activity(Arc<watch::Sender<usize>>);
+
+/// One open request of an [`Activity`]; the request is over when this is dropped.
+pub struct Open(Arc<watch::Sender<usize>>);
+
+impl Default for Activity {
+    fn default() -> Activity {
+        Activity(Arc::new(watch::Sender::new(0)))
+    }
+}
+
+impl Activity {
+    /// Counts a request as open until the returned guard is dropped.
+    pub fn open(&self) -> Open {
+        self.0.send_modify(|n| *n += 1);
+        Open(self.0.clone())
+    }
+
+    /// Resolves once no request has been open for `bound` without a break; any request that
+    /// opens meanwhile starts the wait over once it is done.
+    pub async fn idle_for(&self, bound: Duration) {
+        let mut open = self.0.subscribe();
+        loop {
+            let now_open = *open.borrow_and_update();
+            if now_open == 0 {
+                if tokio::time::timeout(bound, open.changed()).await.is_err() {
+                    return;
+                }
+            } else {
+                // `self` holds the sender, so this only ever returns on a change.
+                let _ = open.changed().await;
+            }
+        }
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n = n.saturating_sub(1));
+    }
+}
+
+/// A response body that keeps its request counted as open until it is sent or dropped.
+pub struct HeldOpen {
+    pub body: Body,
+    pub open: Open,
+}
+
+impl hyper::body::Body for HeldOpen {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
 }
 
 /// Budget held by one buffered body; returned when dropped.
@@ -186,4 +265,33 @@ fn declared_length(headers: &HeaderMap) -> Result<Option<usize>, ApiError> {
         .and_then(|v| v.trim().parse::<u64>().ok())
         .map(|n| Some(usize::try_from(n).unwrap_or(usize::MAX)))
         .ok_or_else(|| ApiError::bad_request("invalid content-length header"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_is_idle_only_once_its_last_request_is_done_for_the_bound() {
+        let activity = Activity::default();
+        let bound = Duration::from_secs(30);
+        let open = activity.open();
+        let started = tokio::time::Instant::now();
+        // A request open for longer than the bound (a long streamed answer) is not idleness.
+        let waited = tokio::time::timeout(Duration::from_secs(100), activity.idle_for(bound)).await;
+        assert!(waited.is_err());
+        drop(open);
+        activity.idle_for(bound).await;
+        assert_eq!(started.elapsed(), Duration::from_secs(130));
+        // A request in the middle of the wait starts it over once it is done.
+        let started = tokio::time::Instant::now();
+        let waiting = activity.clone();
+        let idle = tokio::spawn(async move { waiting.idle_for(bound).await });
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        let open = activity.open();
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        drop(open);
+        idle.await.unwrap();
+        assert_eq!(started.elapsed(), Duration::from_secs(55));
+    }
 }
