@@ -355,6 +355,35 @@ async fn a_hanging_summarizer_times_out_and_the_request_is_served() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_request_waiting_for_another_summary_is_served_within_the_timeout() {
+    let setup = setup(Behaviour::Hang, |c, _| c.summary_timeout_ms = 3_000);
+    let messages = session(40);
+    let first = {
+        let engine = setup.engine.clone();
+        let messages = messages.clone();
+        tokio::spawn(async move {
+            engine
+                .prepare(&context(), &request(&messages))
+                .await
+                .unwrap()
+        })
+    };
+    // The second request arrives while the first one's summary is being written, and waits
+    // for it; that summary times out, and the wait must not start a fresh timeout.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let started = tokio::time::Instant::now();
+    let second = prepare(&setup, &messages).await;
+    let waited = started.elapsed();
+    assert!(waited <= Duration::from_secs(3), "{waited:?}");
+    for prepared in [&second, &first.await.unwrap()] {
+        assert!(matches!(
+            prepared.outcome.status,
+            Some(Status::Failed { ref reason, .. }) if reason == "summarizer-timeout"
+        ));
+    }
+}
+
+#[tokio::test(start_paused = true)]
 async fn compactions_that_free_nothing_stop_being_tried() {
     let setup = setup(Behaviour::Bloated, |c, _| {
         c.max_unproductive_compactions = 3

@@ -3,7 +3,6 @@
 //! than the summarizer's window), and storing the checkpoint only when it frees tokens.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::time::Instant;
 
@@ -31,6 +30,16 @@ pub(super) struct Fold<'a> {
     span: &'a [usize],
     views: &'a [(Role, MessageView)],
     trigger: Trigger,
+}
+
+/// A summary to write: over `base`, through `plan`, for `trigger`, given up at `deadline` (the
+/// request's, which may have spent part of its time waiting for another request's summary).
+#[derive(Clone, Copy)]
+pub(super) struct SummaryOrder<'a> {
+    pub base: Option<&'a Checkpoint>,
+    pub plan: &'a plan::Plan,
+    pub trigger: Trigger,
+    pub deadline: Instant,
 }
 
 /// How far a fold in chunks has come: `folded` of its span's elements summarized into `text`,
@@ -155,14 +164,18 @@ impl Engine {
         self.config.summary_max_tokens.min(window / 8).max(128)
     }
 
-    /// Writes the summary for `plan`, checks it helps, and stores the checkpoint.
+    /// Writes the summary `order` asks for, checks it helps, and stores the checkpoint.
     pub(super) async fn summarize_and_store(
         &self,
         conversation: &Conversation,
-        base: Option<&Checkpoint>,
-        plan: &plan::Plan,
-        trigger: Trigger,
+        order: SummaryOrder<'_>,
     ) -> Result<Checkpoint, SummaryError> {
+        let SummaryOrder {
+            base,
+            plan,
+            trigger,
+            deadline,
+        } = order;
         let request = &conversation.request;
         let input = PlanInput {
             roles: &conversation.roles,
@@ -177,7 +190,6 @@ impl Engine {
             .map(|&i| (request.role(i), request.view(i)))
             .collect();
         let started = Instant::now();
-        let timeout = Duration::from_millis(self.config.summary_timeout_ms);
         let fold = Fold {
             base,
             plan,
@@ -185,7 +197,7 @@ impl Engine {
             views: &views,
             trigger,
         };
-        let summary = tokio::time::timeout(timeout, async {
+        let summary = tokio::time::timeout_at(deadline, async {
             // Waiting for a slot counts toward the timeout, like the summary itself.
             let _slots = self.summary_slots(&conversation.context.tenant).await;
             let _in_progress = GaugeHeld::hold(&self.metrics.summaries_in_progress);

@@ -12,6 +12,7 @@ use tokio::time::Instant;
 use crate::identity::{self, Hash};
 use crate::store::Checkpoint;
 
+use super::compact::SummaryOrder;
 use super::conversation::{covers_all, matches_prefix, Conversation};
 use super::plan::Plan;
 use super::{Engine, Mode, Status, SummaryError, Trigger};
@@ -33,7 +34,8 @@ fn holder_job(holder: &str) -> Option<(usize, &str)> {
 
 impl Engine {
     /// Makes (or waits for) a checkpoint for this conversation. Returns it and whether this call
-    /// wrote a new summary.
+    /// wrote a new summary. Everything it does, waiting for another request's summary and then
+    /// writing its own when that one failed, ends by `summary_timeout_ms` after `started`.
     pub(super) async fn compact(
         self: &Arc<Self>,
         conversation: &Conversation,
@@ -66,6 +68,7 @@ impl Engine {
                     trigger,
                     lease_key,
                     holder,
+                    deadline,
                 };
                 return self
                     .summarize_detached(conversation, job)
@@ -85,15 +88,24 @@ impl Engine {
             });
             if other.is_some() && !ours {
                 let result = self
-                    .summarize_and_store(conversation, base.as_ref(), &plan, trigger)
+                    .summarize_and_store(
+                        conversation,
+                        SummaryOrder {
+                            base: base.as_ref(),
+                            plan: &plan,
+                            trigger,
+                            deadline,
+                        },
+                    )
                     .await;
                 return result.map(|cp| (cp, true));
             }
             loop {
-                if Instant::now() >= deadline {
+                let now = Instant::now();
+                if now >= deadline {
                     return Err(SummaryError::Timeout);
                 }
-                tokio::time::sleep(WAIT_POLL).await;
+                tokio::time::sleep(WAIT_POLL.min(deadline - now)).await;
                 let fresh = self
                     .store
                     .for_anchor(&identity::hex(&anchor))
@@ -150,7 +162,15 @@ impl Engine {
         let conversation = conversation.clone();
         let task = tokio::spawn(async move {
             let result = engine
-                .summarize_and_store(&conversation, job.base.as_ref(), &job.plan, job.trigger)
+                .summarize_and_store(
+                    &conversation,
+                    SummaryOrder {
+                        base: job.base.as_ref(),
+                        plan: &job.plan,
+                        trigger: job.trigger,
+                        deadline: job.deadline,
+                    },
+                )
                 .await;
             if let Err(e) = engine
                 .store
@@ -235,6 +255,8 @@ struct Job {
     trigger: Trigger,
     lease_key: String,
     holder: String,
+    /// When the request it was started for gives up (`summary_timeout_ms` after it began).
+    deadline: Instant,
 }
 
 /// A conversation's compactions in a row that failed or freed nothing, and when the next may
