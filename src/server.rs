@@ -2,6 +2,13 @@
 //!
 //! `serve` takes its listener and shutdown signal as parameters, so tests start the proxy on port
 //! 0 in-process and stop it at will.
+//!
+//! Shutdown drains: no new connections, open ones closed once their requests are answered, no
+//! new summary started ([`Engine::drain`]), and summaries already running (for a waiting client
+//! or ahead of time) given the grace to finish and be stored. When the grace is about to run out,
+//! every request still without an answer (most likely one waiting for a summary) is answered 503
+//! with `retry-after` in its client's error shape, so that it is retried elsewhere or after the
+//! restart rather than cut off with no answer.
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -25,7 +32,7 @@ use crate::http::app::ClientCompaction;
 use crate::http::gateway_keys::GatewayKeys;
 use crate::http::limits::{Activity, ConnectionLimits, HeldOpen, Limits};
 use crate::http::parse_error_bodies::{Answered, ParseErrorBodies};
-use crate::http::{router, App};
+use crate::http::{router, ApiError, App};
 use crate::measure::{windows::WindowTable, Meter};
 use crate::metrics::Metrics;
 use crate::store::{self, CheckpointStore};
@@ -34,6 +41,10 @@ use crate::upstream::{KeyHeader, Upstream};
 
 /// Messages whose token counts are remembered.
 const METER_CACHE_MESSAGES: usize = 200_000;
+
+/// The end of the shutdown grace kept for writing the 503s to requests still waiting (at most a
+/// quarter of the grace).
+const DRAIN_FLUSH: Duration = Duration::from_secs(1);
 
 /// Builds the application state from a validated configuration.
 pub async fn build(config: &Config) -> Result<Arc<App>, String> {
@@ -149,6 +160,7 @@ pub async fn serve(
     grace: Duration,
 ) -> std::io::Result<()> {
     let limits = app.connections.clone();
+    let engine = app.engine.clone();
     let router = router(app);
     let mut builder = Builder::new(TokioExecutor::new());
     builder
@@ -159,6 +171,7 @@ pub async fn serve(
     let open = Arc::new(Semaphore::new(limits.max_connections));
     let connections = TaskTracker::new();
     let draining = CancellationToken::new();
+    let abandon = CancellationToken::new();
     tokio::pin!(shutdown);
     loop {
         let stream = tokio::select! {
@@ -191,6 +204,7 @@ pub async fn serve(
         let activity = Activity::default();
         let io = ParseErrorBodies::new(stream, answered.clone());
         let requests = activity.clone();
+        let abandon = abandon.clone();
         let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
             let first = started.lock().ok().and_then(|mut s| s.take());
             if let Some(tx) = first {
@@ -198,9 +212,15 @@ pub async fn serve(
             }
             let open = requests.open();
             let answered = answered.clone();
+            let anthropic = request.uri().path().starts_with("/v1/messages");
             let response = router.clone().oneshot(request.map(axum::body::Body::new));
+            let abandon = abandon.clone();
             async move {
-                let response = response.await;
+                let response = tokio::select! {
+                    biased;
+                    response = response => response,
+                    _ = abandon.cancelled() => Ok(shutting_down(anthropic)),
+                };
                 answered.one_more();
                 response.map(|r| r.map(|body| axum::body::Body::new(HeldOpen { body, open })))
             }
@@ -255,15 +275,40 @@ pub async fn serve(
         grace_ms = grace.as_millis() as u64,
         "Shutting down: no new connections; draining open requests."
     );
+    engine.drain();
     draining.cancel();
     connections.close();
-    if tokio::time::timeout(grace, connections.wait())
-        .await
-        .is_err()
-    {
-        tracing::warn!("Drain deadline reached; closing the remaining requests.");
+    let flush = DRAIN_FLUSH.min(grace / 4);
+    let settled = async {
+        tokio::join!(connections.wait(), engine.summaries_finished());
+    };
+    if tokio::time::timeout(grace - flush, settled).await.is_err() {
+        tracing::warn!(
+            "Drain deadline reached; answering the requests still waiting 503 and closing."
+        );
+        abandon.cancel();
+        if tokio::time::timeout(flush, connections.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("Closing the connections still open.");
+        }
     }
     Ok(())
+}
+
+/// The answer to a request still waiting when the shutdown grace runs out, in its client's error
+/// shape (Anthropic's on `/v1/messages`).
+fn shutting_down(anthropic: bool) -> axum::response::Response {
+    let error = ApiError::Busy {
+        message: "the proxy is shutting down; retry the request".into(),
+        retry_after_secs: 1,
+    };
+    if anthropic {
+        error.into_response_in(&Messages)
+    } else {
+        axum::response::IntoResponse::into_response(error)
+    }
 }
 
 /// Answers a connection beyond the cap with a 503 and closes it, without reading from it.
@@ -296,5 +341,38 @@ pub async fn shutdown_signal() {
     tokio::select! {
         _ = ctrl_c => {},
         _ = term => {},
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn answer(anthropic: bool) -> (u16, Option<String>, serde_json::Value) {
+        let response = shutting_down(anthropic);
+        let status = response.status().as_u16();
+        let retry = response
+            .headers()
+            .get(http::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let body = axum::body::to_bytes(response.into_body(), 1 << 16)
+            .await
+            .unwrap();
+        (status, retry, serde_json::from_slice(&body).unwrap())
+    }
+
+    #[tokio::test]
+    async fn requests_cut_by_the_drain_are_answered_503_in_their_clients_shape() {
+        let (status, retry, openai) = answer(false).await;
+        assert_eq!((status, retry.as_deref()), (503, Some("1")));
+        assert_eq!(openai["error"]["code"], "overloaded");
+        let (status, retry, anthropic) = answer(true).await;
+        assert_eq!((status, retry.as_deref()), (503, Some("1")));
+        assert_eq!(anthropic["type"], "error");
+        assert!(anthropic["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("shutting down"));
     }
 }

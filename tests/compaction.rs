@@ -622,3 +622,84 @@ async fn an_admin_token_reads_any_checkpoint_and_a_configured_key_replaces_the_c
     assert_eq!(get("Bearer client-key").await, 200);
     assert_eq!(get("Bearer someone-else").await, 404);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Shutdown during a summary
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn a_client_waiting_for_a_summary_when_the_grace_runs_out_is_answered_503() {
+    let mock = start_mock().await;
+    mock.set_window(4000);
+    mock.state.summary_hangs.store(true, Ordering::SeqCst);
+    let app = compactor::server::build(&windowed(&mock, "agent-model", 4000))
+        .await
+        .unwrap();
+    let mut proxy = common::start_app_with_grace(app, Duration::from_secs(1)).await;
+    let url = format!("{}/v1/chat/completions", proxy.url());
+    let body = big_session(10).body(false).to_string();
+    let waiting = tokio::spawn(async move {
+        reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .build()
+            .unwrap()
+            .post(url)
+            .header("authorization", "Bearer k")
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+    });
+    common::eventually("the summary to start", async || {
+        !mock.summaries().is_empty()
+    })
+    .await;
+    proxy.stopped().await;
+    let reply = Reply::read(
+        waiting
+            .await
+            .unwrap()
+            .expect("the waiting client got no answer"),
+    )
+    .await;
+    assert_eq!(reply.status, 503, "{}", reply.body);
+    assert_eq!(reply.header("retry-after"), Some("1"));
+    assert_eq!(
+        reply.json()["error"]["code"],
+        "overloaded",
+        "{}",
+        reply.body
+    );
+    assert!(mock.chats().is_empty(), "nothing was forwarded");
+}
+
+#[tokio::test]
+async fn a_summary_that_finishes_during_the_drain_is_kept() {
+    let mock = start_mock().await;
+    mock.set_window(4000);
+    mock.state.summary_delay_ms.store(1000, Ordering::SeqCst);
+    let mut cfg = windowed(&mock, "agent-model", 4000);
+    cfg.compaction.ahead_of_time = true;
+    let app = compactor::server::build(&cfg).await.unwrap();
+    let mut proxy = common::start_app_with_grace(app, Duration::from_secs(10)).await;
+    // The conversation grows until it passes the soft threshold: its next summary is written
+    // in the background, and its client, answered, has nothing open.
+    let mut session = Session::new("agent-model");
+    for t in 0.. {
+        session.user(t);
+        let r = send(&proxy, &session.body(false), "Bearer k", &[]).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(r.header("x-compactor-compacted"), Some("false"));
+        if !mock.summaries().is_empty() {
+            break;
+        }
+        session.tool_round(t);
+        session.assistant("ok");
+    }
+    proxy.stopped().await;
+    let metrics = proxy.app.metrics.render();
+    assert!(
+        metrics.contains("compactor_compactions_total{trigger=\"ahead_of_time\"} 1"),
+        "{metrics}"
+    );
+}

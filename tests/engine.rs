@@ -384,6 +384,63 @@ async fn a_request_waiting_for_another_summary_is_served_within_the_timeout() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn draining_starts_no_summary_but_lets_a_running_one_finish_and_serve() {
+    let setup = setup(
+        Behaviour::Answer {
+            delay: Duration::from_secs(5),
+        },
+        |c, _| {
+            c.ahead_of_time = true;
+            c.soft_threshold = 0.5;
+        },
+    );
+    let messages = session(40);
+    let first = {
+        let engine = setup.engine.clone();
+        let messages = messages.clone();
+        tokio::spawn(async move {
+            engine
+                .prepare(&context(), &request(&messages))
+                .await
+                .unwrap()
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(setup.summarizer.calls(), 1);
+    setup.engine.drain();
+    // A request of the same conversation waits for the summary being written.
+    let waiting = prepare(&setup, &messages).await;
+    assert!(waiting.outcome.compacted && waiting.outcome.status.is_none());
+    assert!(first.await.unwrap().outcome.summarized);
+    setup.engine.summaries_finished().await;
+    assert_eq!(checkpoints(&setup).await, 1, "the summary was stored");
+    // Another conversation over the limit is served without a new summary, and one past the
+    // soft threshold starts none in the background.
+    let other = |turns| -> Vec<Value> {
+        session(turns)
+            .into_iter()
+            .map(|mut m| {
+                m["content"] = json!(format!("other {}", m["content"].as_str().unwrap()));
+                m
+            })
+            .collect()
+    };
+    let refused = prepare(&setup, &other(40)).await;
+    assert_eq!(
+        refused.outcome.status,
+        Some(Status::Failed {
+            reason: "draining".into(),
+            fallback: "dropped-oldest",
+        })
+    );
+    let below = prepare(&setup, &other(14)).await;
+    assert!(!below.outcome.compacted);
+    setup.engine.summaries_finished().await;
+    assert_eq!(setup.summarizer.calls(), 1);
+    assert_eq!(setup.metrics.compaction_failures.get(), 0);
+}
+
+#[tokio::test(start_paused = true)]
 async fn compactions_that_free_nothing_stop_being_tried() {
     let setup = setup(Behaviour::Bloated, |c, _| {
         c.max_unproductive_compactions = 3

@@ -19,7 +19,10 @@ impl Engine {
         conversation: &Conversation,
         view: &View<'_>,
     ) {
-        if !self.config.ahead_of_time || conversation.context.mode != Mode::Auto {
+        if !self.config.ahead_of_time
+            || conversation.context.mode != Mode::Auto
+            || self.is_draining()
+        {
             return;
         }
         let Some(anchor) = conversation.anchor else {
@@ -39,7 +42,7 @@ impl Engine {
         // chain, not counted or hashed again).
         let conversation = conversation.clone();
         let base = view.checkpoint.cloned();
-        tokio::spawn(async move {
+        self.tasks.spawn(async move {
             // A ready checkpoint that covers more than the one in use already exists: done.
             let existing = engine.store.for_anchor(&identity::hex(&anchor)).await.ok();
             let ready = existing.is_some_and(|list| {

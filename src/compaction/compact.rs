@@ -81,8 +81,12 @@ impl Engine {
                 self.rewrite(conversation, &view, outcome)
             }
             Err(e) => {
-                self.metrics.compaction_failures.inc();
-                self.note_progress(conversation.anchor, false);
+                // Not starting a summary while the proxy shuts down is not this conversation's
+                // failure: nothing to back off from.
+                if !matches!(e, SummaryError::Draining) {
+                    self.metrics.compaction_failures.inc();
+                    self.note_progress(conversation.anchor, false);
+                }
                 tracing::warn!(
                     reason = %e,
                     cause = %summarizer::with_causes(&e),

@@ -24,6 +24,11 @@
 //! teach (real windows from overflow errors, calibration from `usage`) lives in [`learn`];
 //! summaries made in the background before they are needed, in [`ahead_of_time`]. The pure parts
 //! ([`plan`], [`prompt`], [`summary_text`], [`files`], [`record`]) do no I/O.
+//!
+//! On shutdown the engine drains ([`Engine::drain`]): it starts no new summary (a request that
+//! needs one is served its fallback; waiting for one already being written is still allowed),
+//! and the summaries it runs in tasks of their own can be waited for
+//! ([`Engine::summaries_finished`]), so that one finishing within the grace is stored.
 
 mod ahead_of_time;
 mod compact;
@@ -38,12 +43,13 @@ mod single_flight;
 pub mod summarizer;
 pub mod summary_text;
 
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
 use http::HeaderMap;
+use tokio_util::task::TaskTracker;
 
 use crate::config::{CompactionConfig, SummarizerConfig};
 use crate::dialect::{AnswerError, Overflow, WireRequest};
@@ -248,6 +254,9 @@ pub enum SummaryError {
     /// The summarizer refused the summary request as too long, in smaller chunks too.
     #[error("summarizer-overflow")]
     SummarizerOverflow,
+    /// The proxy is shutting down: no new summary is started.
+    #[error("draining")]
+    Draining,
 }
 
 impl From<SummarizerError> for SummaryError {
@@ -289,6 +298,10 @@ pub struct Engine {
     summary_texts: quick_cache::sync::Cache<String, Arc<str>>,
     replica: String,
     attempts: AtomicU64,
+    /// Summaries running in tasks of their own (under a lease, or ahead of time).
+    tasks: TaskTracker,
+    /// Set by [`Engine::drain`]: no new summary starts.
+    draining: AtomicBool,
 }
 
 /// Where `apply_checkpoint` left a request.
@@ -341,7 +354,25 @@ impl Engine {
             tenant_slots: DashMap::new(),
             replica: format!("{:016x}", rand::random::<u64>()),
             attempts: AtomicU64::new(0),
+            tasks: TaskTracker::new(),
+            draining: AtomicBool::new(false),
         }
+    }
+
+    /// Stops starting summaries: the proxy is shutting down, and a summary started now would
+    /// likely be cut off before it is stored. Summaries already running go on.
+    pub fn drain(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+
+    /// Resolves once no summary runs in a task of its own (call after [`Engine::drain`]).
+    pub async fn summaries_finished(&self) {
+        self.tasks.close();
+        self.tasks.wait().await;
     }
 
     /// Summarizes the requests of `dialect` with `writer` instead of the default summarizer.

@@ -53,14 +53,16 @@ impl Engine {
             let attempt = self.attempts.fetch_add(1, Ordering::Relaxed);
             let holder = holder_name(&self.replica, attempt, plan.cut, &prefix);
             let ttl = Duration::from_millis(self.config.summary_timeout_ms + 10_000);
-            let leased = match self.store.try_lease(&lease_key, &holder, ttl).await {
-                Ok(leased) => leased,
-                Err(e) => {
-                    self.metrics.store_errors.inc();
-                    tracing::warn!(error = %e, "Taking the summary lease failed; summarizing without it.");
-                    true
-                }
-            };
+            // Draining, a request may still wait for a summary being written, never start one.
+            let leased = !self.is_draining()
+                && match self.store.try_lease(&lease_key, &holder, ttl).await {
+                    Ok(leased) => leased,
+                    Err(e) => {
+                        self.metrics.store_errors.inc();
+                        tracing::warn!(error = %e, "Taking the summary lease failed; summarizing without it.");
+                        true
+                    }
+                };
             if leased {
                 let job = Job {
                     base,
@@ -86,6 +88,9 @@ impl Engine {
                         .get(covered - 1)
                         .is_some_and(|h| identity::hex(h) == prefix)
             });
+            if !ours && self.is_draining() {
+                return Err(SummaryError::Draining);
+            }
             if other.is_some() && !ours {
                 let result = self
                     .summarize_and_store(
@@ -160,7 +165,7 @@ impl Engine {
         // The task outlives the borrowed conversation: it takes a copy (counts and chain, not
         // counted or hashed again).
         let conversation = conversation.clone();
-        let task = tokio::spawn(async move {
+        let task = self.tasks.spawn(async move {
             let result = engine
                 .summarize_and_store(
                     &conversation,

@@ -357,6 +357,7 @@ pub struct Proxy {
     pub addr: SocketAddr,
     pub app: Arc<compactor::http::App>,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    served: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Proxy {
@@ -367,6 +368,14 @@ impl Proxy {
     pub fn stop(&mut self) {
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
+        }
+    }
+
+    /// Stops the proxy and waits until `serve` has returned (its drain is over).
+    pub async fn stopped(&mut self) {
+        self.stop();
+        if let Some(served) = self.served.take() {
+            served.await.unwrap();
         }
     }
 }
@@ -401,18 +410,23 @@ pub async fn start_proxy_with_store(
 }
 
 async fn start_app(app: Arc<compactor::http::App>) -> Proxy {
+    start_app_with_grace(app, Duration::from_secs(2)).await
+}
+
+/// A proxy serving `app` that drains open requests for `grace` when stopped.
+pub async fn start_app_with_grace(app: Arc<compactor::http::App>, grace: Duration) -> Proxy {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let served = app.clone();
-    tokio::spawn(async move {
+    let served = tokio::spawn(async move {
         let _ = compactor::server::serve(
             listener,
             served,
             async {
                 let _ = rx.await;
             },
-            Duration::from_secs(2),
+            grace,
         )
         .await;
     });
@@ -420,6 +434,7 @@ async fn start_app(app: Arc<compactor::http::App>) -> Proxy {
         addr,
         app,
         shutdown: Some(tx),
+        served: Some(served),
     }
 }
 
