@@ -135,3 +135,53 @@ async fn facts_kept_in_memory_are_bounded() {
     let cached = proxy.app.engine.cached_models();
     assert!(cached > 0 && cached <= 50, "{cached} models in memory");
 }
+
+#[tokio::test]
+async fn a_model_name_longer_than_any_real_one_is_refused_in_the_clients_shape() {
+    let mock = start_mock().await;
+    let mut cfg = config(&mock.url());
+    cfg.anthropic_upstream = mock.url();
+    let proxy = start_proxy(cfg).await;
+    let long = "m".repeat(100_000);
+    let send = |path: &'static str, body: Value| {
+        let url = format!("{}{path}", proxy.url());
+        async move {
+            common::post(
+                &url,
+                &[
+                    ("authorization", "Bearer k"),
+                    ("x-api-key", "k"),
+                    ("content-type", "application/json"),
+                ],
+                body.to_string(),
+            )
+            .await
+        }
+    };
+    let chat = send("/v1/chat/completions", body(&long)).await;
+    assert_eq!(chat.status, 400, "{}", chat.body);
+    assert_eq!(chat.json()["error"]["param"], "model", "{}", chat.body);
+    let message = chat.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(message.contains("256"), "{message}");
+    assert!(
+        !message.contains(&long[..300]),
+        "the name is not echoed back whole"
+    );
+    let anthropic = json!({"model": long, "max_tokens": 16,
+        "messages": [{"role": "user", "content": "Say hello."}]});
+    let messages = send("/v1/messages", anthropic).await;
+    assert_eq!(messages.status, 400, "{}", messages.body);
+    assert_eq!(messages.json()["type"], "error", "{}", messages.body);
+    let responses = send(
+        "/v1/responses",
+        json!({"model": long, "input": "Say hello."}),
+    )
+    .await;
+    assert_eq!(responses.status, 400, "{}", responses.body);
+    assert!(mock.chats().is_empty() && mock.state.others.lock().unwrap().is_empty());
+    // A name at the bound is served.
+    assert_eq!(status(&proxy, &body(&"m".repeat(256))).await, 200);
+}

@@ -256,6 +256,7 @@ pub(super) async fn compact(
         refuse_encoded_body(&headers)?;
         let (bytes, _budget) = app.limits.read_body(&headers, body).await?;
         let mut request = ResponsesRequest::parse(&bytes)?;
+        super::limits::check_model_name(request.model())?;
         // The user messages as the client sent them: a summary expanded from an earlier item
         // is in the new checkpoint already, and its item is not handed back twice.
         let user_messages: Vec<Box<RawValue>> =

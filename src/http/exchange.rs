@@ -21,6 +21,7 @@ use super::error::ApiError;
 use super::headers::{
     credential_headers, forwarded_headers, instructions, mode, refuse_encoded_body, set,
 };
+use super::limits::check_model_name;
 use super::log::Escaped;
 use super::stream;
 use super::tenant::Tenant;
@@ -242,13 +243,17 @@ impl Exchange<'_> {
 
     /// Parses the body once in the target's dialect. Where the target emulates client
     /// compaction, the compaction items Compactor minted are expanded in the parsed request
-    /// and, with `answer_trigger`, an input ending in a compaction trigger is answered.
+    /// and, with `answer_trigger`, an input ending in a compaction trigger is answered. A model
+    /// name beyond its bound is refused here, before the request is counted or forwarded.
     async fn parse(&self, bytes: Bytes, answer_trigger: bool) -> Result<Parsed, ApiError> {
         if !self.target.client_compaction {
             let parsed = self.target.dialect.parse(&bytes);
             return Ok(
                 match self.server_state(parsed, |r| r.uses_server_state(), &bytes)? {
-                    Ok(request) => Parsed::Request(request, None),
+                    Ok(request) => {
+                        check_model_name(request.model())?;
+                        Parsed::Request(request, None)
+                    }
                     Err(bytes) => Parsed::ServerState(bytes),
                 },
             );
@@ -276,6 +281,7 @@ impl Exchange<'_> {
             }
             return Ok(Parsed::ServerState(bytes));
         }
+        check_model_name(request.model())?;
         let intercepted = client_compaction::intercept(self.app, self.tenant, request).await?;
         Ok(match intercepted {
             Intercepted::Trigger(request) if answer_trigger => Parsed::Answered(

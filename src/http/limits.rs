@@ -9,6 +9,10 @@
 //! queued: the client's own retry logic knows what to do with that, and nothing piles up here.
 //! Pass-through bodies are streamed, never buffered, so they only get the read timeout.
 //!
+//! A model name is the client's choice too, and it is kept (learned facts are stored under it,
+//! checkpoints and logs name it): one longer than [`MAX_MODEL_NAME_BYTES`], far beyond any real
+//! model's, is refused with 400 before the request is counted or forwarded.
+//!
 //! A connection may also cost one of the `max_connections` slots while it does nothing:
 //! [`Activity`] counts the requests open on one connection so that the accept loop can close it
 //! once it has been idle for the header read timeout, whatever its protocol (hyper bounds the wait
@@ -32,6 +36,26 @@ use super::error::ApiError;
 /// Bytes reserved at a time for a body of unknown length, so that a body arriving in small
 /// frames does not take the semaphore for each one.
 const RESERVE_STEP: usize = 64 * 1024;
+
+/// The longest model name accepted. Real ones (a provider's model, a deployment, a Bedrock
+/// ARN, a path on a model hub) are well under 200 bytes.
+pub const MAX_MODEL_NAME_BYTES: usize = 256;
+
+/// Refuses a model name longer than [`MAX_MODEL_NAME_BYTES`]. The message gives its length,
+/// not the name: error messages are logged.
+pub fn check_model_name(model: &str) -> Result<(), ApiError> {
+    if model.len() <= MAX_MODEL_NAME_BYTES {
+        return Ok(());
+    }
+    Err(ApiError::BadRequest {
+        message: format!(
+            "the model name is {} bytes long; at most {MAX_MODEL_NAME_BYTES} are accepted",
+            model.len()
+        ),
+        param: Some("model".into()),
+        code: None,
+    })
+}
 
 /// Request limits shared by every handler.
 pub struct Limits {

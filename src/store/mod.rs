@@ -6,7 +6,7 @@
 //! seeded with the tenant, so a store never needs to filter by tenant to stay isolated.
 //! Model facts are keyed by a name the client chooses, so every store bounds what it holds of
 //! them in memory (`MODEL_FACTS_IN_MEMORY`) and forgets them when they lapse
-//! ([`ModelFacts::expires_ms`]).
+//! ([`ModelFacts::expires_ms`]); the SQLite file also keeps at most `MODEL_FACTS_ROWS` models.
 
 mod lease;
 pub mod memory;
@@ -22,6 +22,10 @@ use serde::{Deserialize, Serialize};
 /// Models whose facts a store keeps in memory; beyond this the least recently used are dropped
 /// from memory (not from the store). Client-chosen model names must not grow memory unbounded.
 pub(crate) const MODEL_FACTS_IN_MEMORY: usize = 4096;
+
+/// Models whose facts the SQLite file keeps; beyond this the least recently saved are deleted.
+/// Redis needs no such bound: each model's key expires on its own.
+pub(crate) const MODEL_FACTS_ROWS: usize = 10_000;
 
 /// How many checkpoints are kept per conversation; older ones can no longer be the newest match
 /// of a growing conversation.

@@ -22,7 +22,7 @@ use super::lease::LeaseTable;
 use super::sqlite_file::{prune_facts, unavailable, Database, Write, NEVER};
 use super::{
     expiry_cutoff, insert_newest_first, is_fresh, now_ms, Checkpoint, CheckpointStore, ModelFacts,
-    StoreError, CHECKPOINTS_PER_CONVERSATION, MODEL_FACTS_IN_MEMORY,
+    StoreError, CHECKPOINTS_PER_CONVERSATION, MODEL_FACTS_IN_MEMORY, MODEL_FACTS_ROWS,
 };
 
 /// Writes kept in memory while the file cannot take them (the oldest are dropped beyond this).
@@ -110,7 +110,7 @@ impl SqliteStore {
     /// (zero: keep forever).
     pub fn open(path: &Path, ttl: Duration) -> Result<SqliteStore, StoreError> {
         let database = Database::open(path)?;
-        prune_facts(database.connection()).map_err(unavailable)?;
+        prune_facts(database.connection(), MODEL_FACTS_ROWS).map_err(unavailable)?;
         if let Some(cutoff) = expiry_cutoff(ttl) {
             database
                 .connection()

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use rusqlite::{params, Connection};
 
-use super::StoreError;
+use super::{StoreError, MODEL_FACTS_ROWS};
 
 pub(crate) fn unavailable(e: impl std::fmt::Display) -> StoreError {
     StoreError::Unavailable(e.to_string())
@@ -175,7 +175,7 @@ impl Database {
             }
         }
         if writes.iter().any(|w| matches!(w, Write::ModelFacts { .. })) {
-            prune_facts(&tx).map_err(unavailable)?;
+            prune_facts(&tx, MODEL_FACTS_ROWS).map_err(unavailable)?;
         }
         tx.commit().map_err(unavailable)
     }
@@ -199,12 +199,22 @@ fn add_facts_expiry(connection: &Connection) -> rusqlite::Result<()> {
     )
 }
 
-/// Deletes the facts that have lapsed.
-pub(crate) fn prune_facts(connection: &Connection) -> rusqlite::Result<usize> {
-    connection.execute(
+/// Deletes the facts that have lapsed, then, beyond `max_rows`, those that lapse soonest: a
+/// record's expiry is renewed each time it is saved, so these are the models least recently
+/// learned about (model names are the client's choice; the file must not grow with them).
+pub(crate) fn prune_facts(connection: &Connection, max_rows: usize) -> rusqlite::Result<usize> {
+    let lapsed = connection.execute(
         "DELETE FROM model_facts WHERE expires_ms <= ?1",
         params![super::now_ms() as i64],
-    )
+    )?;
+    // A negative LIMIT means none in SQLite, hence the MAX.
+    let beyond = connection.execute(
+        "DELETE FROM model_facts WHERE model IN (
+             SELECT model FROM model_facts ORDER BY expires_ms ASC
+             LIMIT MAX(0, (SELECT COUNT(*) FROM model_facts) - ?1))",
+        params![max_rows.min(i64::MAX as usize) as i64],
+    )?;
+    Ok(lapsed + beyond)
 }
 
 #[cfg(test)]
@@ -241,7 +251,7 @@ mod tests {
             )
             .unwrap();
         let mut db = Database::open(&path).unwrap();
-        prune_facts(db.connection()).unwrap();
+        prune_facts(db.connection(), MODEL_FACTS_ROWS).unwrap();
         assert!(models(&db).is_empty(), "{:?}", models(&db));
 
         let now = super::super::now_ms() as i64;
@@ -256,5 +266,34 @@ mod tests {
         // The next write of facts prunes what has lapsed.
         db.apply(&[facts("new", NEVER)]).unwrap();
         assert_eq!(models(&db), ["kept", "later", "new"]);
+    }
+
+    #[test]
+    fn facts_beyond_the_row_cap_are_pruned_least_recently_saved_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut db = Database::open(&dir.path().join("c.db")).unwrap();
+        let now = super::super::now_ms() as i64;
+        let names: Vec<String> = (0..MODEL_FACTS_ROWS + 50)
+            .map(|i| format!("m{i:05}"))
+            .collect();
+        let writes: Vec<Write> = names
+            .iter()
+            .enumerate()
+            .map(|(i, name)| facts(name, now + 3_600_000 + i as i64))
+            .collect();
+        db.apply(&writes).unwrap();
+        let kept = models(&db);
+        assert_eq!(kept.len(), MODEL_FACTS_ROWS);
+        assert_eq!(kept[0], names[50], "the 50 saved longest ago went");
+        // Saving one again renews it: the next to go is the oldest of the others.
+        db.apply(&[
+            facts(&names[50], now + 7_200_000),
+            facts("new", now + 7_200_000),
+        ])
+        .unwrap();
+        let kept = models(&db);
+        assert_eq!(kept.len(), MODEL_FACTS_ROWS);
+        assert!(kept.contains(&names[50]) && kept.contains(&"new".to_string()));
+        assert!(!kept.contains(&names[51]));
     }
 }
