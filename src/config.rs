@@ -284,6 +284,7 @@ impl Config {
         for url in [
             &mut shown.store,
             &mut shown.upstream,
+            &mut shown.anthropic_upstream,
             &mut shown.summarizer.upstream,
         ] {
             *url = redact_url(url);
@@ -373,7 +374,10 @@ pub fn redact_url(spec: &str) -> String {
     let Ok(mut url) = reqwest::Url::parse(spec) else {
         return spec.to_string();
     };
-    if !url.has_host() {
+    // Nothing to hide: shown as written (a parsed URL would gain a `/` after a bare host).
+    if !url.has_host()
+        || (url.username().is_empty() && url.password().is_none() && url.query().is_none())
+    {
         return spec.to_string();
     }
     if !url.username().is_empty() || url.password().is_some() {

@@ -150,7 +150,7 @@ impl Default for Metrics {
         let store_errors = Counter::default();
         registry.register(
             "store_errors",
-            "Checkpoint store operations that failed",
+            "Checkpoint store operations that failed, those the store absorbed included (a write kept in memory, a fall of Redis to local memory)",
             store_errors.clone(),
         );
         let tenant_requests = Family::<TenantLabel, Counter>::default();

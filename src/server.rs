@@ -91,6 +91,7 @@ pub fn build_with_store(
         config.gateway_keys_text()?.as_deref(),
     )?;
     let metrics = Arc::new(Metrics::default());
+    store.count_absorbed_errors(metrics.store_errors.clone());
     let parts = Parts {
         store,
         meter: Meter::new(METER_CACHE_MESSAGES),

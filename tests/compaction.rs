@@ -276,6 +276,36 @@ async fn checkpoints_survive_a_restart() {
 }
 
 #[tokio::test]
+async fn a_degraded_sqlite_store_is_counted_in_the_store_errors() {
+    let mock = start_mock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("checkpoints.sqlite3");
+    let mut cfg = windowed(&mock, "agent-model", 4000);
+    cfg.store = path.display().to_string();
+    let proxy = start_proxy(cfg).await;
+    let body = big_session(1).body(false);
+    let r = send(&proxy, &body, "Bearer k", &[]).await;
+    assert_eq!(r.header("x-compactor-store"), None);
+    // The file is replaced by something that cannot be one: writes fail, the store degrades.
+    std::fs::remove_file(&path).unwrap();
+    std::fs::create_dir(&path).unwrap();
+    common::eventually("the store to report itself degraded", async || {
+        send(&proxy, &body, "Bearer k", &[])
+            .await
+            .header("x-compactor-store")
+            == Some("degraded")
+    })
+    .await;
+    let (_, metrics) = common::get(&format!("{}/metrics", proxy.url()), None).await;
+    let errors: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("compactor_store_errors_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{metrics}"));
+    assert!(errors >= 1, "{metrics}");
+}
+
+#[tokio::test]
 async fn tenants_never_share_checkpoints() {
     let mock = start_mock().await;
     let proxy = start_proxy(windowed(&mock, "agent-model", 4000)).await;

@@ -231,12 +231,24 @@ fn check_config_and_serve_hide_url_credentials() {
         .arg("check-config")
         .env("COMPACTOR_UPSTREAM", SECRET_UPSTREAM)
         .env("COMPACTOR_SUMMARIZER__UPSTREAM", SECRET_UPSTREAM)
+        .env(
+            "COMPACTOR_ANTHROPIC_UPSTREAM",
+            "https://carol:anthropic-pw@127.0.0.1:9/?key=anthropic-key",
+        )
         .env("COMPACTOR_STORE", "redis://:redis-pw@127.0.0.1:9/")
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{stdout}");
-    for secret in ["pw-in-url", "key-in-query", "redis-pw", "alice"] {
+    for secret in [
+        "pw-in-url",
+        "key-in-query",
+        "redis-pw",
+        "alice",
+        "carol",
+        "anthropic-pw",
+        "anthropic-key",
+    ] {
         assert!(
             !stdout.contains(secret),
             "check-config shows {secret}: {stdout}"
@@ -288,6 +300,55 @@ async fn a_newline_in_a_client_value_cannot_forge_a_log_line() {
     for line in log.lines() {
         assert!(!line.starts_with("2026-01-01"), "forged line: {line}");
     }
+}
+
+#[tokio::test]
+async fn a_model_with_spaces_cannot_forge_fields_of_the_served_request_line() {
+    let mock = start_mock().await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    // Plain text, as a log collector reads it (no colour codes between the fields).
+    let served = Served::start(
+        &["--listen", &listen, "--upstream", &mock.url()],
+        &[("NO_COLOR", "1")],
+    );
+    let response = client()
+        .post(format!("http://{listen}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(
+            serde_json::json!({
+                "model": "gpt-4o status=500 compacted=true",
+                "messages": [{"role": "user", "content": "hi"}],
+            })
+            .to_string(),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    response.bytes().await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !served.log().contains("Served a chat request") {
+        assert!(tokio::time::Instant::now() < deadline, "{}", served.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let log = served.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("Served a chat request"))
+        .unwrap();
+    assert!(
+        line.contains(r#"model="gpt-4o status=500 compacted=true""#),
+        "{line}"
+    );
+    let outside_the_model = line.replace(r#""gpt-4o status=500 compacted=true""#, "");
+    assert!(outside_the_model.contains("status=200"), "{line}");
+    assert!(!outside_the_model.contains("status=500"), "{line}");
+    assert!(!outside_the_model.contains("compacted=true"), "{line}");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -114,10 +114,11 @@ fn url_credentials_are_redacted_everywhere() {
             ..SummarizerConfig::default()
         },
         store: "rediss://:pw4@redis:6380/0".into(),
+        anthropic_upstream: "https://bob:pw5@a.example/v1?token=k6".into(),
         ..Config::default()
     };
     let shown = cfg.redacted_toml();
-    for secret in ["pw1", "k2", "k3", "pw4", "//user"] {
+    for secret in ["pw1", "k2", "k3", "pw4", "//user", "pw5", "k6", "bob"] {
         assert!(!shown.contains(secret), "{secret} in {shown}");
     }
     let table: toml::Table = toml::from_str(&shown).unwrap();
@@ -125,9 +126,14 @@ fn url_credentials_are_redacted_everywhere() {
         table["upstream"].as_str(),
         Some("http://redacted@h/v1?api-key=redacted&api-version=2024-10-21")
     );
+    assert_eq!(
+        table["anthropic_upstream"].as_str(),
+        Some("https://redacted@a.example/v1?token=redacted")
+    );
     assert_eq!(redact_url("compactor.sqlite3"), "compactor.sqlite3");
     assert_eq!(redact_url("memory"), "memory");
     assert_eq!(redact_url("http://h/v1"), "http://h/v1");
+    assert_eq!(redact_url("http://h:10"), "http://h:10");
 }
 
 #[test]

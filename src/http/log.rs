@@ -4,9 +4,21 @@
 //! would start a log line of the client's making. Every client value that reaches a log goes
 //! through [`Escaped`], which writes control characters as escapes (`\n`, `\u{1b}`), and
 //! shortens it to [`MAX_LOGGED_CHARS`]: a megabyte `model` would otherwise cost a megabyte of log
-//! for every request that names it.
+//! for every request that names it. In the text format a line is `key=value` fields separated by
+//! spaces, so a `model` of `x compacted=true` would add a field of the client's making: there,
+//! a value with whitespace, `=` or a quote is written in quotes (with `"` and `\` escaped). The
+//! JSON format quotes every value itself, so it gets the value as it is ([`set_json_format`]).
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Whether logs are written as JSON (set once, when logging starts).
+static JSON_FORMAT: AtomicBool = AtomicBool::new(false);
+
+/// Tells [`Escaped`] whether logs are JSON, where values need no quotes of their own.
+pub fn set_json_format(json: bool) {
+    JSON_FORMAT.store(json, Ordering::Relaxed);
+}
 
 /// Characters of a client value written to a log; the rest is left out and counted.
 pub const MAX_LOGGED_CHARS: usize = 200;
@@ -22,19 +34,27 @@ impl<T: fmt::Display> fmt::Display for Escaped<T> {
             .nth(MAX_LOGGED_CHARS)
             .map_or(text.len(), |(at, _)| at);
         let shown = &text[..cut];
-        if shown.chars().any(char::is_control) {
-            for c in shown.chars() {
-                if c.is_control() {
-                    write!(f, "{}", c.escape_default())?;
-                } else {
-                    write!(f, "{c}")?;
-                }
+        let quoted = !JSON_FORMAT.load(Ordering::Relaxed)
+            && shown
+                .chars()
+                .any(|c| c.is_whitespace() || c == '=' || c == '"');
+        if quoted {
+            f.write_str("\"")?;
+        }
+        for c in shown.chars() {
+            if c.is_control() {
+                write!(f, "{}", c.escape_default())?;
+            } else if quoted && (c == '"' || c == '\\') {
+                write!(f, "\\{c}")?;
+            } else {
+                write!(f, "{c}")?;
             }
-        } else {
-            f.write_str(shown)?;
         }
         if cut < text.len() {
             write!(f, "…(+{} bytes)", text.len() - cut)?;
+        }
+        if quoted {
+            f.write_str("\"")?;
         }
         Ok(())
     }
@@ -48,9 +68,25 @@ mod tests {
     fn control_characters_are_escaped() {
         assert_eq!(
             Escaped("gpt\n2026-01-01T00:00:00Z  INFO forged\r\u{1b}[31m").to_string(),
-            "gpt\\n2026-01-01T00:00:00Z  INFO forged\\r\\u{1b}[31m"
+            "\"gpt\\n2026-01-01T00:00:00Z  INFO forged\\r\\u{1b}[31m\""
         );
-        assert_eq!(Escaped("gpt-4o é").to_string(), "gpt-4o é");
+        assert_eq!(Escaped("gpt-4o-é").to_string(), "gpt-4o-é");
+    }
+
+    #[test]
+    fn values_that_could_pass_for_more_fields_are_quoted() {
+        assert_eq!(
+            Escaped("gpt-4o compacted=true").to_string(),
+            "\"gpt-4o compacted=true\""
+        );
+        assert_eq!(Escaped("a=b").to_string(), "\"a=b\"");
+        assert_eq!(
+            Escaped(r#"x" status="500"#).to_string(),
+            r#""x\" status=\"500""#
+        );
+        assert_eq!(Escaped(r"a\b c").to_string(), r#""a\\b c""#);
+        assert_eq!(Escaped("gpt-4o\tx").to_string(), "\"gpt-4o\\tx\"");
+        assert_eq!(Escaped(r"plain\path").to_string(), r"plain\path");
     }
 
     #[test]

@@ -147,6 +147,11 @@ pub trait CheckpointStore: Send + Sync + 'static {
     fn healthy(&self) -> bool {
         true
     }
+    /// Counts in `errors` the failures the store absorbs itself, which its callers never see
+    /// (a write kept in memory because the file failed): callers count the errors returned.
+    fn count_absorbed_errors(&self, errors: prometheus_client::metrics::counter::Counter) {
+        let _ = errors;
+    }
     /// Short name for logs and `/readyz`.
     fn kind(&self) -> &'static str;
 }

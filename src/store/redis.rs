@@ -14,9 +14,10 @@ mod degraded;
 mod layout;
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 use std::time::Duration;
 
+use prometheus_client::metrics::counter::Counter;
 use quick_cache::sync::Cache;
 use redis::{AsyncCommands, RedisError};
 
@@ -51,6 +52,8 @@ struct Shared {
     pending: Mutex<Pending>,
     /// Whether checkpoints of the previous layout may still be waiting to be moved.
     legacy: AtomicBool,
+    /// Where each fall to degraded is counted (callers never see those failures).
+    errors: OnceLock<Counter>,
 }
 
 fn corrupt(e: impl std::fmt::Display) -> StoreError {
@@ -82,6 +85,7 @@ impl RedisStore {
             local: MemoryStore::default(),
             pending: Mutex::new(Pending::default()),
             legacy: AtomicBool::new(legacy),
+            errors: OnceLock::new(),
         });
         match shared.connect().await {
             Ok(()) => {
@@ -334,6 +338,10 @@ impl CheckpointStore for RedisStore {
 
     fn healthy(&self) -> bool {
         self.shared.is_healthy()
+    }
+
+    fn count_absorbed_errors(&self, errors: Counter) {
+        let _ = self.shared.errors.set(errors);
     }
 
     fn kind(&self) -> &'static str {

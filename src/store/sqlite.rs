@@ -6,15 +6,17 @@
 //!
 //! A write that fails (a full disk, a read-only file) does not lose the checkpoint: it is kept in
 //! memory and served from there, the store reports itself degraded (`x-compactor-store`,
-//! `/readyz`), and the write is retried with the next one, or when health is next checked.
+//! `/readyz`) and counts the failure (`compactor_store_errors_total`), and the write is retried
+//! with the next one, or when health is next checked.
 //! A database file removed while the proxy runs is noticed and written again from the open
 //! connection (see [`super::sqlite_file`]).
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use prometheus_client::metrics::counter::Counter;
 use quick_cache::sync::Cache;
 use rusqlite::{params, OptionalExtension};
 
@@ -49,6 +51,8 @@ struct Health {
     next_sequence: AtomicU64,
     last_check_ms: AtomicU64,
     flushing: AtomicBool,
+    /// Where failures nobody else sees are counted, once the application has said.
+    errors: OnceLock<Counter>,
 }
 
 impl Health {
@@ -84,8 +88,16 @@ impl Health {
                     );
                 }
             }
-            Err(e) => self.degrade(&e),
+            Err(e) => self.absorbed(&e),
         }
+    }
+
+    /// A failure the store keeps to itself (the write waits in memory): degraded, and counted.
+    fn absorbed(&self, error: &StoreError) {
+        if let Some(errors) = self.errors.get() {
+            errors.inc();
+        }
+        self.degrade(error);
     }
 
     fn degrade(&self, error: &StoreError) {
@@ -154,7 +166,7 @@ impl SqliteStore {
         self.health.queue(write);
         let (database, health) = (self.database.clone(), self.health.clone());
         if let Err(e) = tokio::task::spawn_blocking(move || flush(&database, &health)).await {
-            self.health.degrade(&unavailable(e));
+            self.health.absorbed(&unavailable(e));
         }
     }
 
@@ -328,6 +340,10 @@ impl CheckpointStore for SqliteStore {
         !self.health.degraded.load(Ordering::SeqCst)
     }
 
+    fn count_absorbed_errors(&self, errors: Counter) {
+        let _ = self.health.errors.set(errors);
+    }
+
     fn kind(&self) -> &'static str {
         "sqlite"
     }
@@ -342,7 +358,7 @@ impl SqliteStore {
         drop(db);
         if missing {
             self.health
-                .degrade(&unavailable("the database file was removed"));
+                .absorbed(&unavailable("the database file was removed"));
         }
         let needs_flush = missing || self.health.degraded.load(Ordering::SeqCst);
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -434,12 +450,16 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("c.db");
         let store = SqliteStore::open(&path, Duration::ZERO).unwrap();
+        let errors = Counter::default();
+        store.count_absorbed_errors(errors.clone());
         store.put(&large("a", 4)).await.unwrap();
         assert!(store.healthy());
+        assert_eq!(errors.get(), 0);
         fill_the_disk(&store, true);
         let unsaved = large("b", 6);
         store.put(&unsaved).await.unwrap();
         assert!(!store.healthy(), "a failed write degrades the store");
+        assert_eq!(errors.get(), 1, "and is counted, though put answered Ok");
         store.conversations.clear();
         assert_eq!(store.for_anchor("b").await.unwrap()[0], unsaved);
         assert_eq!(store.get(&unsaved.id).await.unwrap(), Some(unsaved.clone()));

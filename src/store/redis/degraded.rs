@@ -126,6 +126,10 @@ impl Shared {
 
     pub(super) fn degrade(&self, op: &'static str, failure: &Failure) {
         if self.healthy.swap(false, Ordering::SeqCst) {
+            // Once per outage: while degraded, calls are not tried, and the probe keeps failing.
+            if let Some(errors) = self.errors.get() {
+                errors.inc();
+            }
             tracing::warn!(
                 store = "redis",
                 op,
