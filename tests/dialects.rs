@@ -22,7 +22,10 @@
 //!   block) keeps its checkpoint;
 //! - (f) the summary is rendered so that the next request finds it again: the same checkpoint,
 //!   a byte-stable prefix;
-//! - (g) the count endpoints count through the checkpoint, for the dialects that have one.
+//! - (g) the count endpoints count through the checkpoint, for the dialects that have one;
+//! - (h) a newest turn larger than the keep budget (a `write` call carrying a whole file) is
+//!   forwarded as the client's tail, in its order, the call cut in place: the request ends with
+//!   the client's last element, never with the user message that opened the turn.
 //!
 //! A new dialect gets a fixture here and its own test below;
 //! `every_registered_dialect_has_a_fixture` fails until it does.
@@ -80,6 +83,8 @@ struct Fixture {
     user: fn(usize) -> Value,
     /// The rest of turn `t`: the assistant's tool call, its result, the assistant's answer.
     step: fn(usize) -> Vec<Value>,
+    /// A step of turn `t` that writes `content` to [`path_of`]`(t)`: the call and its result.
+    write: fn(usize, &str) -> Vec<Value>,
     /// An element as a client writes it again on the next request, meaning the same: what the
     /// format allows to differ (ids, statuses, a string for one text block, cache markers).
     /// Key order and whitespace are changed for every format by [`write_json`].
@@ -228,6 +233,15 @@ fn result_text(t: usize) -> String {
     words(t * 3 + 1, 80)
 }
 
+/// What a `write` tool answers.
+fn wrote(t: usize, content: &str) -> String {
+    format!(
+        "Successfully wrote {} bytes to {}",
+        content.len(),
+        path_of(t)
+    )
+}
+
 fn path_of(t: usize) -> String {
     format!("src/f{t}.rs")
 }
@@ -319,6 +333,14 @@ fn chat() -> Fixture {
                 json!({"role": "assistant", "content": format!("done {t}")}),
             ]
         },
+        write: |t, content| {
+            let call = format!("call_w{t}");
+            vec![
+                json!({"role": "assistant", "content": null, "tool_calls": [{"id": call, "type": "function",
+                       "function": {"name": "write", "arguments": json!({"path": path_of(t), "content": content}).to_string()}}]}),
+                json!({"role": "tool", "tool_call_id": call, "content": wrote(t, content)}),
+            ]
+        },
         resend: |mut v| {
             string_to_block(&mut v, "text");
             v
@@ -371,6 +393,14 @@ fn messages() -> Fixture {
                        {"type": "tool_use", "id": call, "name": "read", "input": {"path": path_of(t)}}]}),
                 json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": call, "content": result_text(t)}]}),
                 json!({"role": "assistant", "content": [{"type": "text", "text": format!("done {t}")}]}),
+            ]
+        },
+        write: |t, content| {
+            let call = format!("toolu_w{t}");
+            vec![
+                json!({"role": "assistant", "content": [{"type": "text", "text": "Writing."},
+                       {"type": "tool_use", "id": call, "name": "write", "input": {"path": path_of(t), "content": content}}]}),
+                json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": call, "content": wrote(t, content)}]}),
             ]
         },
         // Claude Code writes a lone text block as a string and moves its cache markers.
@@ -448,6 +478,14 @@ fn responses() -> Fixture {
                        "content": [{"type": "output_text", "text": format!("done {t}"), "annotations": []}]}),
             ]
         },
+        write: |t, content| {
+            let call = format!("call_w{t}");
+            vec![
+                json!({"type": "function_call", "id": format!("fc_w{t}"), "status": "completed", "call_id": call,
+                       "name": "write", "arguments": json!({"path": path_of(t), "content": content}).to_string()}),
+                json!({"type": "function_call_output", "call_id": call, "output": wrote(t, content)}),
+            ]
+        },
         // Codex and the SDKs regenerate item ids, drop statuses and write lone text parts as
         // strings.
         resend: |mut v| {
@@ -499,6 +537,14 @@ fn turns() -> Fixture {
                        "args": json!({"path": path_of(t)}).to_string()}}),
                 json!({"who": "tool", "id": call, "say": result_text(t)}),
                 json!({"who": "bot", "say": format!("done {t}")}),
+            ]
+        },
+        write: |t, content| {
+            let call = format!("call_w{t}");
+            vec![
+                json!({"who": "bot", "say": "Writing.", "call": {"id": call, "tool": "write",
+                       "args": json!({"path": path_of(t), "content": content}).to_string()}}),
+                json!({"who": "tool", "id": call, "say": wrote(t, content)}),
             ]
         },
         // Only key order and whitespace can differ in this format.
@@ -1274,6 +1320,83 @@ async fn counts_through_the_checkpoint(f: &Fixture) {
     assert_eq!(rig.summaries(), 1, "{name}: counting writes no summary");
 }
 
+/// (h) The newest turn alone is larger than the keep budget and the window: the user's request,
+/// then a `write` call carrying a whole file (several times the window), then its short result.
+/// The request forwarded must still end with that result, after the user's request and the call
+/// (cut in place, its path intact), in the client's order: summarized, the call and its result
+/// would stand before the request, which the model would read as unanswered.
+async fn keeps_an_oversized_newest_turn_in_order(f: &Fixture) {
+    let name = f.name();
+    let rig = Rig::start(f, BELIEVED).await;
+    let turns = 3;
+    let mut sent = f.elements(turns, Style::Sent);
+    let content = words(7, 6000);
+    sent.extend(
+        (f.write)(turns, &content)
+            .iter()
+            .map(|v| write_json(v, false)),
+    );
+    let body = f.body(&format!("[{}]", sent.join(",")), false);
+    let served = rig.send(body).await;
+    assert_eq!(served.status, 200, "{name}: {}", served.reply);
+    assert!(served.compacted, "{name}: compacted");
+    let forwarded = f.conversation_of(only(&served));
+    let n = sent.len();
+    // The last three elements of the client's: the request, the call, the result.
+    let (request, call, result) = (&sent[n - 3], &sent[n - 2], &sent[n - 1]);
+    assert_eq!(
+        forwarded.last(),
+        Some(result),
+        "{name}: the request ends with the client's last element, not {}",
+        forwarded
+            .last()
+            .map_or("nothing", |l| &l[..l.len().min(200)])
+    );
+    let m = forwarded.len();
+    assert!(m >= 3, "{name}: {m} elements forwarded");
+    assert_eq!(
+        &forwarded[m - 3],
+        request,
+        "{name}: the user's request stands right before the call, verbatim"
+    );
+    let forwarded_call = &forwarded[m - 2];
+    let links = |raw: &str| (f.links)(&serde_json::from_str(raw).unwrap());
+    assert_eq!(
+        links(forwarded_call).calls,
+        links(call).calls,
+        "{name}: the call is the client's"
+    );
+    assert!(
+        forwarded_call.len() < call.len() / 2
+            && forwarded_call.contains("cut from the middle")
+            && forwarded_call.contains(&path_of(turns)),
+        "{name}: the call cut in place, its path intact: {} of {} bytes",
+        forwarded_call.len(),
+        call.len()
+    );
+    assert!(
+        served.tokens_after <= WINDOW - RESERVE,
+        "{name}: {} tokens sent",
+        served.tokens_after
+    );
+    assert_paired(f, &forwarded);
+    // The next request, the same conversation with the model's answer: the tail is again the
+    // client's, through the same checkpoint or a new one.
+    let mut next = sent.clone();
+    next.push(write_json(&(f.user)(turns + 1), false));
+    let served = rig
+        .send(f.body(&format!("[{}]", next.join(",")), false))
+        .await;
+    assert_eq!(served.status, 200, "{name}: {}", served.reply);
+    let forwarded = f.conversation_of(only(&served));
+    assert_eq!(
+        forwarded.last(),
+        next.last(),
+        "{name}: the next request ends with its own last element"
+    );
+    assert_paired(f, &forwarded);
+}
+
 /// Every behaviour, in order, each on a rig of its own.
 async fn battery(f: &Fixture) {
     compacts_in_whole_units(f).await;
@@ -1283,6 +1406,7 @@ async fn battery(f: &Fixture) {
     keeps_its_checkpoint_when_re_serialized(f).await;
     renders_a_summary_the_next_request_finds(f).await;
     counts_through_the_checkpoint(f).await;
+    keeps_an_oversized_newest_turn_in_order(f).await;
 }
 
 #[test]

@@ -1,14 +1,15 @@
 //! Invariants of planning and rewriting, over random agent conversations with parallel tool
 //! calls: tool results stay with their calls, the kept part fits its budget, instructions and
-//! tools pass byte for byte, the last user message survives verbatim, and every message that
-//! disappears is covered by the summary.
+//! tools pass byte for byte, the last user message survives verbatim, the conversation sent ends
+//! with the client's last message and keeps the client's order after the summary, and every
+//! message that disappears is covered by the summary.
 
-use compactor::compaction::plan::{plan, PlanInput};
+use compactor::compaction::plan::{plan, PlanInput, MIN_TRUNCATED_TOKENS};
 use compactor::compaction::summary_text::summary_text;
 use compactor::dialect::chat::render::messages_through;
 use compactor::dialect::chat::request::ChatRequest;
-use compactor::dialect::Role;
 use compactor::dialect::Through;
+use compactor::dialect::{units, Role};
 use compactor::store::Checkpoint;
 use proptest::prelude::*;
 use serde_json::{json, Value};
@@ -117,7 +118,8 @@ proptest! {
         let input = PlanInput { roles: &roles, tokens: &tokens, start, pinned, keep_budget: budget };
         let Ok(chosen) = plan(&input) else { return Ok(()) };
         let newly = chosen.newly_covered(&input);
-        prop_assert!(!newly.is_empty());
+        // Something is summarized, or the newest step is cut in place (a plan of cuts alone).
+        prop_assert!(!newly.is_empty() || !chosen.truncations.is_empty());
         let cp = checkpoint(chosen.cut, chosen.pinned_user, chosen.truncations.clone());
         let text = summary_text(&cp.summary, &cp.files_read, &cp.files_modified);
         let out = messages_through(&request, &Through { checkpoint: &cp, tokens: &tokens, merge_into_user: false, text: &text });
@@ -150,13 +152,36 @@ proptest! {
         // The last user message is there, verbatim.
         let last_user = request.messages.iter().rev().find(|m| m.role == Role::User).unwrap();
         prop_assert!(out_raw.contains(&last_user.raw.get()));
-        // The kept part fits its budget (unless the last user message alone is larger).
-        let kept_cost: u64 = (0..request.messages.len())
+        // After the summary: the pinned user message and every kept message, in the client's
+        // order, verbatim or cut in place; the last one is the client's last message.
+        let n = request.messages.len();
+        let expected: Vec<usize> = chosen.pinned_user.filter(|&p| p < chosen.cut).into_iter()
+            .chain((chosen.cut..n).filter(|&i| !roles[i].is_instruction()))
+            .collect();
+        let after_summary = &parsed[summary_at + 1..];
+        prop_assert_eq!(after_summary.len(), expected.len());
+        for (sent, &i) in after_summary.iter().zip(&expected) {
+            let client: Value = serde_json::from_str(request.messages[i].raw.get()).unwrap();
+            let cut_in_place = chosen.truncations.iter().any(|t| t.index == i)
+                && sent["role"] == client["role"]
+                && sent["tool_call_id"] == client["tool_call_id"]
+                && sent["tool_calls"].as_array().map(|c| c.iter().map(|c| c["id"].clone()).collect::<Vec<_>>())
+                    == client["tool_calls"].as_array().map(|c| c.iter().map(|c| c["id"].clone()).collect::<Vec<_>>());
+            prop_assert!(*sent == client || cut_in_place, "message {} out of place", i);
+        }
+        prop_assert_eq!(expected.last().copied(), Some(n - 1), "the request must end with the client's last message: {:?} {:?} {:?} start {} pinned {:?}", &roles, &tokens, &chosen, start, pinned);
+        let last_user_index = roles.iter().rposition(|r| *r == Role::User).unwrap();
+        prop_assert!(expected.contains(&last_user_index));
+        // The kept part fits its budget, unless the last user message alone is larger, or the
+        // newest step is kept cut to the floor (it is never summarized).
+        let kept_cost: u64 = (0..n)
             .filter(|&i| (i >= chosen.cut || Some(i) == chosen.pinned_user) && !roles[i].is_instruction())
             .map(|i| chosen.truncations.iter().find(|t| t.index == i).map_or(tokens[i], |t| t.keep_tokens))
             .sum();
-        let last_user_index = roles.iter().rposition(|r| *r == Role::User).unwrap();
-        prop_assert!(kept_cost <= budget || tokens[last_user_index] > budget, "kept {} > budget {}", kept_cost, budget);
+        let newest_step = units(&roles).pop().unwrap();
+        let at_floor: u64 = chosen.pinned_user.map_or(0, |p| tokens[p])
+            + newest_step.filter(|&i| roles[i] != Role::User).map(|i| tokens[i].min(MIN_TRUNCATED_TOKENS)).sum::<u64>();
+        prop_assert!(kept_cost <= budget || tokens[last_user_index] > budget || kept_cost <= at_floor, "kept {} > budget {}", kept_cost, budget);
         // Every message that is gone is covered by this summary or the one it extends.
         for (i, m) in request.messages.iter().enumerate() {
             let present = out_raw.contains(&m.raw.get()) || chosen.truncations.iter().any(|t| t.index == i);

@@ -21,6 +21,10 @@ use super::{
     Trigger,
 };
 
+/// The summary of a checkpoint that only cuts the newest step in place, with nothing before it.
+const NOTHING_SUMMARIZED: &str = "Nothing earlier was summarized: the longest contents of the \
+newest messages below were cut in the middle to fit the context window.";
+
 /// One fold: the summary of `span` (elements of the conversation, with their `views`) into
 /// `base`'s summary, for `plan`.
 #[derive(Clone, Copy)]
@@ -201,17 +205,24 @@ impl Engine {
             views: &views,
             trigger,
         };
-        let summary = tokio::time::timeout_at(deadline, async {
-            // Waiting for a slot counts toward the timeout, like the summary itself.
-            let _slots = self.summary_slots(&conversation.context.tenant).await;
-            let _in_progress = GaugeHeld::hold(&self.metrics.summaries_in_progress);
-            self.write_summary(conversation, fold).await
-        })
-        .await
-        .map_err(|_| SummaryError::Timeout)??;
-        self.metrics
-            .summary_seconds
-            .observe(started.elapsed().as_secs_f64());
+        let summary = if span.is_empty() {
+            // A plan of cuts alone (the newest step shortened in place, nothing new before it):
+            // no model call; the summary stays what it was.
+            base.map_or_else(|| NOTHING_SUMMARIZED.to_string(), |b| b.summary.clone())
+        } else {
+            let summary = tokio::time::timeout_at(deadline, async {
+                // Waiting for a slot counts toward the timeout, like the summary itself.
+                let _slots = self.summary_slots(&conversation.context.tenant).await;
+                let _in_progress = GaugeHeld::hold(&self.metrics.summaries_in_progress);
+                self.write_summary(conversation, fold).await
+            })
+            .await
+            .map_err(|_| SummaryError::Timeout)??;
+            self.metrics
+                .summary_seconds
+                .observe(started.elapsed().as_secs_f64());
+            summary
+        };
         let mut checkpoint = self.new_checkpoint(conversation, &fold, summary)?;
         let saved = match self.fill_figures(conversation, base, &mut checkpoint) {
             Some(saved) => saved,

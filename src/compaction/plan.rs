@@ -9,13 +9,20 @@
 //! - the last user message always stays verbatim: when its turn alone is over budget, the turn is
 //!   split: the user message is pinned after the summary and the turn's early steps are
 //!   summarized;
-//! - tool results too large to keep whole are cut in the middle to fit;
+//! - the conversation sent ends where the client's does: the newest step (an assistant message
+//!   with the results of its calls) is never summarized, since a summary stands before the pinned
+//!   user message and the model would read the request as unanswered and do the work again.
+//!   When it is too large to keep whole, its largest elements are cut in the middle to fit (tool
+//!   results, and tool-call arguments or assistant text when they are what is large), never
+//!   below [`MIN_TRUNCATED_TOKENS`] each; a step that cannot fit even so is kept over budget;
+//! - such cuts alone, with nothing earlier to summarize, are a plan too (a checkpoint that
+//!   clears without summarizing);
 //! - instruction (system/developer) messages are never summarized.
 
 use crate::dialect::Role;
 use crate::store::Truncation;
 
-/// Smallest share of a tool result kept when one must be cut to fit.
+/// Smallest share of an element of the newest step kept when it must be cut to fit.
 pub const MIN_TRUNCATED_TOKENS: u64 = 48;
 
 /// The conversation as the planner sees it.
@@ -62,7 +69,7 @@ pub enum PlanError {
 /// Chooses the cut. Fails when no message could be moved into the summary.
 pub fn plan(input: &PlanInput) -> Result<Plan, PlanError> {
     let chosen = choose_cut(input)?;
-    if chosen.newly_covered(input).is_empty() {
+    if chosen.newly_covered(input).is_empty() && chosen.truncations.is_empty() {
         return Err(PlanError::NothingToSummarize);
     }
     Ok(chosen)
@@ -142,17 +149,20 @@ fn choose_cut(input: &PlanInput) -> Result<Plan, PlanError> {
             truncations: vec![],
         });
     }
-    // Even the newest step does not fit whole: keep it with its tool results cut in the middle,
-    // when that leaves each result a useful share; otherwise summarize it too.
-    if let Some(&cut) = candidates.iter().rev().find(|&&c| c < n) {
-        if let Some(truncations) = fit_by_truncating(input, cut, budget_left) {
-            return Ok(Plan {
-                cut,
-                pinned_user,
-                truncations,
-            });
-        }
+    // Even the newest step does not fit whole: keep it with its largest elements cut in the
+    // middle. Summarizing it instead would end the request at the pinned user message. It may
+    // start where the checkpoint being extended ends (its cut already pinned the user message).
+    let step_from = last_user
+        .map_or(input.start, |u| (u + 1).max(input.start))
+        .max(1);
+    if let Some(cut) = (step_from..n).rev().find(|&c| is_valid_cut(c)) {
+        return Ok(Plan {
+            cut,
+            pinned_user,
+            truncations: truncate_to_fit(input, cut, budget_left),
+        });
     }
+    // Nothing after the last user message: the request ends with it, and it stays.
     if candidates.contains(&n) && (n > input.start || input.pinned != pinned_user) {
         return Ok(Plan {
             cut: n,
@@ -163,37 +173,46 @@ fn choose_cut(input: &PlanInput) -> Result<Plan, PlanError> {
     Err(PlanError::NothingToSummarize)
 }
 
-/// Cuts the tool results in `[cut..n)` so the kept part fits `budget`, sharing what is left
-/// in proportion to their sizes. `None` when that would leave a result almost nothing.
-fn fit_by_truncating(input: &PlanInput, cut: usize, budget: u64) -> Option<Vec<Truncation>> {
+/// Cuts the largest elements of `[cut..n)` so the kept part fits `budget`: every element above a
+/// common cap is cut down to it and the rest stay whole, so a short result beside a huge call (a
+/// `write` of a whole file, answered "done") is kept as it is. The cap never goes below
+/// [`MIN_TRUNCATED_TOKENS`]: what is left of an element must still say what it was.
+fn truncate_to_fit(input: &PlanInput, cut: usize, budget: u64) -> Vec<Truncation> {
     let n = input.roles.len();
-    let is_result = |i: usize| matches!(input.roles[i], Role::Tool | Role::Other);
+    let cuttable = |i: usize| !input.roles[i].is_instruction() && input.roles[i] != Role::User;
     let fixed: u64 = (cut..n)
-        .filter(|&i| !is_result(i) && !input.roles[i].is_instruction())
+        .filter(|&i| !cuttable(i) && !input.roles[i].is_instruction())
         .map(|i| input.tokens[i])
         .sum();
-    let results: Vec<usize> = (cut..n).filter(|&i| is_result(i)).collect();
-    let results_total: u64 = results.iter().map(|&i| input.tokens[i]).sum();
-    let room = budget.checked_sub(fixed)?;
-    if results.is_empty() || results_total <= room {
-        return None;
+    let mut sizes: Vec<(usize, u64)> = (cut..n)
+        .filter(|&i| cuttable(i))
+        .map(|i| (i, input.tokens[i]))
+        .collect();
+    sizes.sort_by_key(|&(_, tokens)| tokens);
+    // Water-filling: the smallest elements take their whole size while the rest of the room,
+    // shared equally among the larger ones, still exceeds it.
+    let mut room = budget.saturating_sub(fixed);
+    let mut cap = u64::MAX;
+    for (k, &(_, tokens)) in sizes.iter().enumerate() {
+        let sharing = (sizes.len() - k) as u64;
+        if tokens.saturating_mul(sharing) <= room {
+            room -= tokens;
+        } else {
+            cap = room / sharing;
+            break;
+        }
     }
-    let truncations: Vec<Truncation> = results
+    let cap = cap.max(MIN_TRUNCATED_TOKENS);
+    let mut truncations: Vec<Truncation> = sizes
         .iter()
-        .map(|&i| Truncation {
-            index: i,
-            // In u128: a large window's budget times a large result would wrap u64.
-            keep_tokens: (u128::from(input.tokens[i]) * u128::from(room)
-                / u128::from(results_total.max(1))) as u64,
+        .filter(|&&(_, tokens)| tokens > cap)
+        .map(|&(index, _)| Truncation {
+            index,
+            keep_tokens: cap,
         })
         .collect();
-    if truncations
-        .iter()
-        .any(|t| t.keep_tokens < MIN_TRUNCATED_TOKENS)
-    {
-        return None;
-    }
-    Some(truncations)
+    truncations.sort_by_key(|t| t.index);
+    truncations
 }
 
 #[cfg(test)]
@@ -301,6 +320,46 @@ mod tests {
                 keep_tokens: 980
             }]
         );
+    }
+
+    #[test]
+    fn keeps_the_newest_step_cutting_what_is_large() {
+        // A `write` call carrying a whole file, answered in a few tokens.
+        let roles = [System, User, Assistant, User, Assistant, Tool];
+        let tokens = [5, 10, 10, 10, 12_000, 8];
+        let p = run(&roles, &tokens, 1000);
+        assert_eq!((p.cut, p.pinned_user), (4, Some(3)));
+        assert_eq!(
+            p.truncations,
+            vec![Truncation {
+                index: 4,
+                keep_tokens: 982
+            }]
+        );
+        // A budget too small even for the cut step: kept at the floor, over budget, rather
+        // than summarized.
+        let p = run(&roles, &tokens, 30);
+        assert_eq!((p.cut, p.pinned_user), (4, Some(3)));
+        assert_eq!(
+            p.truncations,
+            vec![Truncation {
+                index: 4,
+                keep_tokens: MIN_TRUNCATED_TOKENS
+            }]
+        );
+        // The only turn: nothing earlier to summarize; the cuts alone are the plan.
+        let roles = [User, Assistant, Tool];
+        let input = PlanInput {
+            roles: &roles,
+            tokens: &[10, 12_000, 8],
+            start: 0,
+            pinned: None,
+            keep_budget: 1000,
+        };
+        let p = plan(&input).unwrap();
+        assert_eq!((p.cut, p.pinned_user), (1, Some(0)));
+        assert!(p.newly_covered(&input).is_empty());
+        assert_eq!(p.truncations.len(), 1);
     }
 
     #[test]

@@ -11,7 +11,7 @@
 //! "status", "what"}}`.
 //!
 //! It uses only what the seam offers every dialect: the two traits and their vocabulary,
-//! [`splice`] to keep every field's bytes, [`cut_middle`] for truncations, and
+//! [`splice`] to keep every field's bytes, [`cut_texts`] for truncations, and
 //! [`identity::canonical_hash`] for the hash chain.
 #![allow(dead_code)]
 
@@ -21,7 +21,7 @@ use std::sync::Mutex;
 use bytes::Bytes;
 use compactor::compaction::{Summarizer, SummarizerError};
 use compactor::dialect::splice::{self, to_raw};
-use compactor::dialect::text::cut_middle;
+use compactor::dialect::text::{cut_texts, Arguments};
 use compactor::dialect::{
     AnswerError, CallSettings, ClientError, Dialect, MessageView, Overflow, RequestError, Role,
     SummaryRequest, Through, ToolCall, WireRequest, MAX_OUTPUT_TOKENS,
@@ -146,13 +146,24 @@ impl TurnsRequest {
         self.fields.get("rules").map(|r| r.get())
     }
 
-    /// Turn `index` with its `say` cut in the middle to about `keep_tokens` of `tokens`.
+    /// Turn `index` with its long texts (`say`, the strings in its call's `args`) cut in the
+    /// middle to about `keep_tokens` of `tokens`.
     fn truncated(&self, index: usize, tokens: u64, keep_tokens: u64) -> Box<RawValue> {
         let turn = &self.turns[index];
         let Ok(mut value) = serde_json::from_str::<Value>(turn.raw.get()) else {
             return turn.raw.clone();
         };
-        value["say"] = Value::String(cut_middle(&turn.say, tokens, keep_tokens));
+        let mut say = turn.say.clone();
+        let mut args = value["call"]["args"].as_str().map(Arguments::open);
+        {
+            let mut texts = vec![&mut say];
+            texts.extend(args.iter_mut().flat_map(Arguments::strings));
+            cut_texts(&mut texts, tokens, keep_tokens);
+        }
+        value["say"] = Value::String(say);
+        if let Some(args) = args {
+            value["call"]["args"] = Value::String(args.close());
+        }
         to_raw(&value)
     }
 }

@@ -19,7 +19,7 @@ use serde_json::Value;
 
 use crate::dialect::overflow::{self, Overflow};
 use crate::dialect::splice::to_raw;
-use crate::dialect::text::cut_middle;
+use crate::dialect::text::{cut_texts, part_texts, strings_in};
 use crate::dialect::{
     AnswerError, CallSettings, ClientError, Dialect, MessageView, RequestError, Role,
     SummaryRequest, Through, ToolCall, WireRequest,
@@ -240,7 +240,7 @@ impl WireRequest for MessagesRequest {
                 let tokens = rewrite.tokens.get(t.index).copied().unwrap_or(0);
                 (
                     t.index,
-                    truncate_results(
+                    truncate_blocks(
                         &self.messages[t.index].blocks,
                         &self.messages[t.index].raw,
                         tokens,
@@ -345,9 +345,11 @@ fn block_text(block: &Value) -> String {
     }
 }
 
-/// A tool result message with each result's text cut in the middle, to about `keep_tokens` of
-/// the message's `tokens`.
-fn truncate_results(
+/// A kept message with its long texts cut in the middle, to about `keep_tokens` of the message's
+/// `tokens`: the text of its tool results and text blocks, and the strings in its `tool_use`
+/// inputs (an assistant step whose call carries a whole file is kept, shortened, rather than
+/// summarized). Thinking blocks are signed and stay as they are.
+fn truncate_blocks(
     blocks: &[Value],
     raw: &RawValue,
     tokens: u64,
@@ -356,38 +358,31 @@ fn truncate_results(
     let Ok(mut message) = serde_json::from_str::<Value>(raw.get()) else {
         return raw.to_owned();
     };
-    let cut = |text: &str| Value::String(cut_middle(text, tokens, keep_tokens));
-    let content: Vec<Value> = blocks
-        .iter()
-        .map(|block| {
-            let mut block = block.clone();
-            if block.get("type").and_then(Value::as_str) == Some("tool_result") {
-                let shortened = match block.get("content") {
-                    Some(Value::String(s)) => Some(cut(s)),
-                    Some(Value::Array(parts)) => Some(Value::Array(
-                        parts
-                            .iter()
-                            .map(|p| match p.get("text").and_then(Value::as_str) {
-                                Some(t) => {
-                                    let mut p = p.clone();
-                                    p["text"] = cut(t);
-                                    p
-                                }
-                                None => p.clone(),
-                            })
-                            .collect(),
-                    )),
-                    _ => None,
-                };
-                if let Some(shortened) = shortened {
-                    block["content"] = shortened;
-                }
-            }
-            block
-        })
-        .collect();
+    let mut content: Vec<Value> = blocks.to_vec();
+    let mut texts: Vec<&mut String> = content.iter_mut().flat_map(cuttable_texts).collect();
+    cut_texts(&mut texts, tokens, keep_tokens);
     message["content"] = Value::Array(content);
     to_raw(&message)
+}
+
+/// The texts of a block that may be cut in the middle.
+fn cuttable_texts(block: &mut Value) -> Vec<&mut String> {
+    let kind = block.get("type").and_then(Value::as_str).unwrap_or("");
+    match kind {
+        "text" => match block.get_mut("text") {
+            Some(Value::String(s)) => vec![s],
+            _ => vec![],
+        },
+        "tool_use" | "server_tool_use" | "mcp_tool_use" => {
+            block.get_mut("input").map(strings_in).unwrap_or_default()
+        }
+        "tool_result" | "mcp_tool_result" => match block.get_mut("content") {
+            Some(Value::String(s)) => vec![s],
+            Some(Value::Array(parts)) => part_texts(parts),
+            _ => vec![],
+        },
+        _ => vec![],
+    }
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 
 use crate::dialect::splice::to_raw;
-use crate::dialect::text::cut_middle;
+use crate::dialect::text::{cut_texts, part_texts, Arguments};
 use crate::dialect::{Role, Through};
 
 use super::request::ChatRequest;
@@ -44,7 +44,6 @@ pub fn messages_through<'a>(request: &'a ChatRequest, how: &Through<'_>) -> Vec<
             let raw = match cut {
                 Some(t) => Cow::Owned(truncate_content(
                     &message.raw,
-                    &message.view().text,
                     message_tokens.get(i).copied(),
                     t.keep_tokens,
                 )),
@@ -81,17 +80,41 @@ fn merge_summary(message: &RawValue, summary: &str) -> Box<RawValue> {
     to_raw(&value)
 }
 
-fn truncate_content(
-    raw: &RawValue,
-    text: &str,
-    tokens: Option<u64>,
-    keep_tokens: u64,
-) -> Box<RawValue> {
+/// A kept message with its long texts cut in the middle to about `keep_tokens` of its `tokens`:
+/// its content, and the arguments of its tool calls (an assistant step whose call carries a whole
+/// file is kept, shortened, rather than summarized).
+fn truncate_content(raw: &RawValue, tokens: Option<u64>, keep_tokens: u64) -> Box<RawValue> {
     let Ok(mut value) = serde_json::from_str::<Value>(raw.get()) else {
         return raw.to_owned();
     };
-    let tokens = tokens.unwrap_or((text.len() / 4) as u64).max(1);
-    value["content"] = Value::String(cut_middle(text, tokens, keep_tokens));
+    let tokens = tokens.unwrap_or((raw.get().len() / 4) as u64).max(1);
+    let mut content = value.get_mut("content").map(std::mem::take);
+    let mut arguments: Vec<Arguments> = value
+        .get("tool_calls")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|call| Arguments::open(call["function"]["arguments"].as_str().unwrap_or("")))
+        .collect();
+    {
+        let mut texts: Vec<&mut String> = match content.as_mut() {
+            Some(Value::String(s)) => vec![s],
+            Some(Value::Array(parts)) => part_texts(parts),
+            _ => vec![],
+        };
+        texts.extend(arguments.iter_mut().flat_map(Arguments::strings));
+        cut_texts(&mut texts, tokens, keep_tokens);
+    }
+    if let Some(content) = content {
+        value["content"] = content;
+    }
+    if let Some(calls) = value.get_mut("tool_calls").and_then(Value::as_array_mut) {
+        for (call, arguments) in calls.iter_mut().zip(arguments) {
+            if call["function"]["arguments"].is_string() {
+                call["function"]["arguments"] = Value::String(arguments.close());
+            }
+        }
+    }
     to_raw(&value)
 }
 
@@ -175,6 +198,7 @@ mod tests {
 
     #[test]
     fn truncation_cuts_the_middle_with_a_marker() {
+        use crate::dialect::text::cut_middle;
         let cut = cut_middle("0123456789abcdefghij", 10, 4);
         assert!(
             cut.starts_with("0123") && cut.ends_with("ghij") && cut.contains("12 of 20 characters"),

@@ -6,7 +6,9 @@ use serde_json::{json, Value};
 
 use super::items::{self, Item, ItemKind};
 use crate::dialect::splice::{self, to_raw, Fields};
-use crate::dialect::text::{cut_middle, TRANSCRIPT_MESSAGE_CHARS, TRANSCRIPT_RESULT_CHARS};
+use crate::dialect::text::{
+    cut_middle, cut_texts, part_texts, Arguments, TRANSCRIPT_MESSAGE_CHARS, TRANSCRIPT_RESULT_CHARS,
+};
 use crate::dialect::{
     CallSettings, MessageView, RequestError, Role, Through, ToolCall, WireRequest,
 };
@@ -149,30 +151,38 @@ impl ResponsesRequest {
         items::readable(&self.items[index])
     }
 
-    /// A kept item with its text cut in the middle to about `keep_tokens`.
+    /// A kept item with its long texts cut in the middle to about `keep_tokens` of its
+    /// `tokens`: an output's text, a message's text, a call's arguments or input (a call that
+    /// carries a whole file is kept, shortened, rather than summarized).
     fn truncated(&self, index: usize, tokens: u64, keep_tokens: u64) -> Box<RawValue> {
         let item = &self.items[index];
         let Ok(mut value) = serde_json::from_str::<Value>(item.raw.get()) else {
             return item.raw.clone();
         };
-        let cut = |text: &str| Value::String(cut_middle(text, tokens, keep_tokens));
         match item.kind {
-            ItemKind::Output => {
-                if let Some(Value::String(s)) = value.get("output") {
-                    value["output"] = cut(s);
+            ItemKind::Output | ItemKind::Message(_) => {
+                let field = if item.kind == ItemKind::Output {
+                    "output"
+                } else {
+                    "content"
+                };
+                let mut texts: Vec<&mut String> = match value.get_mut(field) {
+                    Some(Value::String(s)) => vec![s],
+                    Some(Value::Array(parts)) => part_texts(parts),
+                    _ => vec![],
+                };
+                cut_texts(&mut texts, tokens, keep_tokens);
+            }
+            ItemKind::Call => {
+                let field = ["arguments", "input"]
+                    .into_iter()
+                    .find(|f| value.get(*f).is_some_and(Value::is_string));
+                if let Some(field) = field {
+                    let mut arguments = Arguments::open(value[field].as_str().unwrap_or(""));
+                    cut_texts(&mut arguments.strings(), tokens, keep_tokens);
+                    value[field] = Value::String(arguments.close());
                 }
             }
-            ItemKind::Message(_) => match value.get_mut("content") {
-                Some(Value::String(s)) => *s = cut_middle(s, tokens, keep_tokens),
-                Some(Value::Array(parts)) => {
-                    for part in parts.iter_mut() {
-                        if let Some(Value::String(s)) = part.get("text") {
-                            part["text"] = cut(s);
-                        }
-                    }
-                }
-                _ => {}
-            },
             _ => {}
         }
         to_raw(&value)
