@@ -733,3 +733,94 @@ async fn a_summary_that_finishes_during_the_drain_is_kept() {
         "{metrics}"
     );
 }
+
+/// What identifies a chat message whatever a truncation did to its content: its role, the call
+/// it answers and the calls it makes, and its content when it has no ids.
+fn message_key(m: &Value) -> String {
+    let calls: Vec<&str> = m["tool_calls"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["id"].as_str())
+        .collect();
+    let id = m["tool_call_id"].as_str().unwrap_or("");
+    let content = if calls.is_empty() && id.is_empty() {
+        m["content"].to_string()
+    } else {
+        String::new()
+    };
+    format!("{}|{id}|{}|{content}", m["role"], calls.join(","))
+}
+
+/// The shared Pi session replayed request by request at a 16k window, as its client sent it
+/// (each request is the history up to an assistant message): every forwarded request ends with
+/// the client's last message, and what follows the summary keeps the client's order, however
+/// large the newest turn (the session writes files of up to 64 KB in one call).
+#[tokio::test]
+async fn a_replayed_session_keeps_the_clients_tail_at_16k() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../shared/data/conversations/pi_before-compaction_upto_user038.json");
+    let Ok(bytes) = std::fs::read(&path) else {
+        eprintln!("skipped: {} is absent", path.display());
+        return;
+    };
+    let session: Value = serde_json::from_slice(&bytes).unwrap();
+    let model = session["model"].as_str().unwrap().to_string();
+    let messages = session["messages"].as_array().unwrap();
+    let mock = start_mock().await;
+    mock.set_window(16_384);
+    let mut cfg = config(&mock.url());
+    cfg.windows.insert(model.clone(), 16_384);
+    let proxy = start_proxy(cfg).await;
+    let ends: Vec<usize> = (1..messages.len())
+        .filter(|&k| messages[k]["role"] == "assistant")
+        .collect();
+    let (mut compacted, mut differs, mut cut_last) = (0, vec![], 0);
+    let started = Instant::now();
+    for &k in &ends {
+        let client = &messages[..k];
+        let body = json!({"model": model, "messages": client, "tools": session["tools"]});
+        let before = mock.chats().len();
+        let r = send(&proxy, &body, "Bearer k", &[]).await;
+        assert_eq!(r.status, 200, "request of {k} messages: {}", r.body);
+        let sent = mock.chats()[before..].last().unwrap().json();
+        let forwarded = sent["messages"].as_array().unwrap();
+        let Some(summary_at) = forwarded.iter().position(|m| {
+            m["content"]
+                .as_str()
+                .is_some_and(|c| c.contains("<summary>"))
+        }) else {
+            assert_eq!(forwarded.len(), k, "an uncompacted request goes as it came");
+            continue;
+        };
+        compacted += 1;
+        // Each element after the summary is a client element later than the one before it.
+        let mut at = 0;
+        let mut in_order = true;
+        for m in &forwarded[summary_at + 1..] {
+            let key = message_key(m);
+            match (at..k).find(|&i| message_key(&client[i]) == key) {
+                Some(i) => at = i + 1,
+                None => in_order = false,
+            }
+        }
+        let last = forwarded.last().unwrap();
+        if !in_order || at != k {
+            differs.push(k);
+        } else if *last != client[k - 1] {
+            cut_last += 1;
+        }
+    }
+    println!(
+        "{}: {} requests, {compacted} compacted, {} with a forwarded tail other than the client's {differs:?}, {cut_last} ending with the client's last message cut in place; {:.1} s",
+        path.file_name().unwrap().to_string_lossy(),
+        ends.len(),
+        differs.len(),
+        started.elapsed().as_secs_f64()
+    );
+    assert!(compacted > 0);
+    assert!(
+        differs.is_empty(),
+        "requests (by length) whose tail is not the client's: {differs:?}"
+    );
+}
