@@ -1,6 +1,7 @@
 //! Stage `summarize`, the engine's side of it: how much to keep verbatim (the plan's budget),
 //! asking the summarizer for the covered span (in chunks folded oldest first when it is larger
-//! than the summarizer's window), and storing the checkpoint only when it frees tokens.
+//! than the summarizer's window; none for a plan that only cuts the newest step in place), and
+//! storing the checkpoint only when it frees tokens.
 
 use std::sync::Arc;
 

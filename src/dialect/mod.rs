@@ -218,7 +218,8 @@ pub trait WireRequest: Send + Sync {
 #[derive(Debug, Clone, Copy)]
 pub struct Through<'a> {
     /// Elements `[0..covered)` are replaced by the summary, except instructions and the pinned
-    /// user element; `truncations` cut kept elements' content in the middle.
+    /// user element; `truncations` cut kept elements' long texts in the middle (tool results,
+    /// message text, tool-call arguments, short strings such as paths left whole).
     pub checkpoint: &'a Checkpoint,
     /// The summary message's text: the checkpoint's summary with what code carries appended
     /// (written by the core), or the marker of a trimmed conversation.

@@ -214,4 +214,26 @@ mod tests {
         assert!(out.last().unwrap().get().contains("cut from the middle"));
         assert!(cut_middle("héllo wörld ünïcode", 5, 2).is_char_boundary(0));
     }
+
+    #[test]
+    fn a_call_too_large_to_keep_is_cut_in_its_arguments_paths_kept() {
+        let content = "fn main() {}\n".repeat(2000);
+        let arguments = serde_json::json!({"path": "src/main.rs", "content": content}).to_string();
+        let call = serde_json::json!({"role": "assistant", "content": null, "tool_calls": [
+            {"id": "w", "type": "function", "function": {"name": "write", "arguments": arguments}}]});
+        let raw = to_raw(&call);
+        let cut = truncate_content(&raw, Some(7000), 500);
+        let value: Value = serde_json::from_str(cut.get()).unwrap();
+        assert_eq!(value["content"], Value::Null);
+        assert_eq!(value["tool_calls"][0]["id"], "w");
+        let args: Value = serde_json::from_str(
+            value["tool_calls"][0]["function"]["arguments"]
+                .as_str()
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(args["path"], "src/main.rs");
+        let kept = args["content"].as_str().unwrap();
+        assert!(kept.contains("cut from the middle") && kept.len() < content.len() / 10);
+    }
 }
