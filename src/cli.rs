@@ -10,7 +10,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use crate::compaction::{Mode, RequestContext};
 use crate::config::{redact_url, CliOverrides, Config, LogFormat};
 use crate::dialect::chat::request::ChatRequest;
-use crate::measure::{calibration, windows::WindowTable, Meter};
+use crate::measure::{windows::WindowTable, Meter};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -136,18 +136,14 @@ pub async fn run_tool(command: Command) -> Result<(), String> {
             let total = measured.total();
             let (window, _) = WindowTable::new(&config.windows, config.default_window)
                 .window(&request.settings.model, None);
-            let estimated =
-                calibration::apply(total, calibration::initial_factor(&request.settings.model));
+            // No correction is applied here: it is learned from a provider's answers.
             println!(
                 "total {total} tokens ({:?} encoding), model {}",
                 measured.encoding, request.settings.model
             );
-            if estimated != total {
-                println!("estimated for this model's tokenizer: {estimated} tokens");
-            }
             println!(
                 "window {window} tokens, {:.1}% used",
-                estimated as f64 * 100.0 / window as f64
+                total as f64 * 100.0 / window as f64
             );
             Ok(())
         }

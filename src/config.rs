@@ -84,6 +84,7 @@ pub struct CompactionConfig {
     pub max_summary_chunks: usize,
     pub max_concurrent_summaries: usize,
     pub max_concurrent_summaries_per_tenant: usize,
+    pub learning_min_tenants: usize,
 }
 
 /// Where summary requests go.
@@ -171,6 +172,7 @@ impl Default for CompactionConfig {
             max_summary_chunks: 12,
             max_concurrent_summaries: 8,
             max_concurrent_summaries_per_tenant: 2,
+            learning_min_tenants: 2,
         }
     }
 }

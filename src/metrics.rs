@@ -1,6 +1,12 @@
 //! Prometheus metrics. Labels stay low-cardinality: routes, status codes, triggers and results,
-//! never a conversation, a credential or a model name chosen by clients. The one tenant label
-//! is a gateway key's name, from the operator's own key file.
+//! never a conversation or a credential. The one tenant label is a gateway key's name, from the
+//! operator's own key file. Model names are the client's choice: the one model label, on what
+//! is learned about a model (its correction and window), is cut to [`MODEL_LABEL_CHARS`] safe
+//! characters and given to the first [`MODEL_LABELS`] models learned about only.
+
+use std::collections::HashSet;
+use std::sync::atomic::AtomicU64;
+use std::sync::Mutex;
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
@@ -34,6 +40,16 @@ pub struct TenantLabel {
     pub tenant: String,
 }
 
+/// Models shown with their learned facts; later ones are not shown until a restart.
+pub const MODEL_LABELS: usize = 32;
+/// Longest model label.
+pub const MODEL_LABEL_CHARS: usize = 80;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModelLabel {
+    pub model: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabel {
     pub result: &'static str,
@@ -58,6 +74,12 @@ pub struct Metrics {
     pub overflow_retries: Counter,
     pub store_errors: Counter,
     pub tenant_requests: Family<TenantLabel, Counter>,
+    pub model_correction_factor: Family<ModelLabel, Gauge<f64, AtomicU64>>,
+    pub model_correction_overhead: Family<ModelLabel, Gauge>,
+    pub model_correction_observations: Family<ModelLabel, Gauge>,
+    pub model_window: Family<ModelLabel, Gauge>,
+    /// The models given a label so far (at most [`MODEL_LABELS`]).
+    labeled_models: Mutex<HashSet<String>>,
 }
 
 impl Default for Metrics {
@@ -159,8 +181,37 @@ impl Default for Metrics {
             "Requests accepted with a gateway key, by the key's tenant name",
             tenant_requests.clone(),
         );
+        let model_correction_factor = Family::<ModelLabel, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "model_correction_factor",
+            "Factor applied to our token counts for a model, learned from its provider's usage",
+            model_correction_factor.clone(),
+        );
+        let model_correction_overhead = Family::<ModelLabel, Gauge>::default();
+        registry.register(
+            "model_correction_overhead_tokens",
+            "Tokens a model's provider adds once per prompt (a chat template), learned from usage",
+            model_correction_overhead.clone(),
+        );
+        let model_correction_observations = Family::<ModelLabel, Gauge>::default();
+        registry.register(
+            "model_correction_observations",
+            "Recent accepted prompts a model's correction is estimated from",
+            model_correction_observations.clone(),
+        );
+        let model_window = Family::<ModelLabel, Gauge>::default();
+        registry.register(
+            "model_window_tokens",
+            "Context window the proxy believes for a model",
+            model_window.clone(),
+        );
         Metrics {
             registry,
+            model_correction_factor,
+            model_correction_overhead,
+            model_correction_observations,
+            model_window,
+            labeled_models: Mutex::new(HashSet::new()),
             requests,
             upstream_seconds,
             overhead_seconds,
@@ -191,6 +242,55 @@ impl Metrics {
             .inc();
     }
 
+    /// The label for `model`'s learned facts: its name cut to safe characters, when it already
+    /// has one or fewer than [`MODEL_LABELS`] models do.
+    pub fn model_label(&self, model: &str) -> Option<ModelLabel> {
+        let safe: String = model
+            .chars()
+            .take(MODEL_LABEL_CHARS)
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || "._:/@+-".contains(c) {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        let mut labeled = self
+            .labeled_models
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if !labeled.contains(&safe) {
+            if labeled.len() >= MODEL_LABELS {
+                return None;
+            }
+            labeled.insert(safe.clone());
+        }
+        Some(ModelLabel { model: safe })
+    }
+
+    /// Shows a model's live correction (`factor`, `overhead`), window and the observations
+    /// behind the correction.
+    pub fn show_model(
+        &self,
+        label: &ModelLabel,
+        (factor, overhead): (f64, u64),
+        window: u64,
+        observations: usize,
+    ) {
+        let gauge = |value: u64| value.min(i64::MAX as u64) as i64;
+        self.model_correction_factor
+            .get_or_create(label)
+            .set(factor);
+        self.model_correction_overhead
+            .get_or_create(label)
+            .set(gauge(overhead));
+        self.model_correction_observations
+            .get_or_create(label)
+            .set(observations as i64);
+        self.model_window.get_or_create(label).set(gauge(window));
+    }
+
     /// The Prometheus text exposition.
     pub fn render(&self) -> String {
         let mut out = String::new();
@@ -215,5 +315,27 @@ impl GaugeHeld {
 impl Drop for GaugeHeld {
     fn drop(&mut self) {
         self.0.dec();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_labels_are_few_short_and_safe() {
+        let metrics = Metrics::default();
+        let label = metrics.model_label("qwen\"} 1\nfake_metric{a=\"").unwrap();
+        assert_eq!(label.model, "qwen___1_fake_metric_a__");
+        assert_eq!(
+            metrics.model_label(&"m".repeat(1000)).unwrap().model.len(),
+            MODEL_LABEL_CHARS
+        );
+        for i in 0..MODEL_LABELS - 2 {
+            assert!(metrics.model_label(&format!("model-{i}")).is_some());
+        }
+        assert!(metrics.model_label("one-too-many").is_none());
+        // A model already shown keeps its label.
+        assert!(metrics.model_label("model-0").is_some());
     }
 }

@@ -25,7 +25,7 @@ use compactor::compaction::{files::FileOps, record, summary_text};
 use compactor::dialect::chat::request::{ChatRequest, Message};
 use compactor::dialect::chat::{transcript, Chat};
 use compactor::dialect::{Dialect, SummaryRequest};
-use compactor::measure::{calibration, Meter};
+use compactor::measure::Meter;
 use compactor::tokenizer::Encoding;
 use score::{Score, Share, SpanFacts};
 use serde_json::Value;
@@ -313,9 +313,9 @@ async fn summarize_span(
     max_tokens: u64,
 ) -> Result<String, String> {
     let encoding = Encoding::for_model(&args.model);
-    let factor = calibration::initial_factor(&args.model);
     let margin = 1024.min(args.window / 16);
-    let usable = ((args.window - margin) as f64 / factor) as u64;
+    // As the proxy sizes chunks before it has learned a correction: by our own count.
+    let usable = args.window - margin;
     // Room for the transcript beside the prompt, the largest previous summary and the answer.
     let fits = usable
         .saturating_sub(2 * max_tokens)

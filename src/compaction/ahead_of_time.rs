@@ -9,7 +9,6 @@ use crate::identity;
 
 use super::conversation::{matches_prefix, Conversation, View};
 use super::{Engine, Mode, Trigger};
-use crate::measure::calibration;
 
 impl Engine {
     /// Starts a background summary when the conversation passed the soft threshold and no
@@ -29,7 +28,9 @@ impl Engine {
             return;
         };
         let soft = (conversation.limit as f64 * self.config.soft_threshold) as u64;
-        let needed = calibration::apply(view.tokens, conversation.factor)
+        let needed = conversation
+            .correction
+            .apply(view.tokens)
             .saturating_add(conversation.reserve);
         if needed <= soft {
             return;

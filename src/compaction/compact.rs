@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use super::summarizer::SummarizerError;
 use crate::dialect::{MessageView, Role, SummaryRequest};
 use crate::identity;
-use crate::measure::calibration;
+use crate::measure::calibration::Correction;
 use crate::metrics::GaugeHeld;
 use crate::store::Checkpoint;
 use crate::tokenizer::{Encoding, REPLY_PRIMING};
@@ -18,8 +18,8 @@ use crate::tokenizer::{Encoding, REPLY_PRIMING};
 use super::conversation::{Conversation, View};
 use super::plan::{self, PlanError, PlanInput};
 use super::{
-    files, prompt, record, summarizer, Engine, Mode, Outcome, Prepared, Status, SummaryError,
-    Trigger,
+    files, prompt, record, summarizer, Engine, Mode, Outcome, Prepared, SentCount, Status,
+    SummaryError, Trigger,
 };
 
 /// The summary of a checkpoint that only cuts the newest step in place, with nothing before it.
@@ -119,13 +119,10 @@ impl Engine {
         let usable = conversation
             .limit
             .saturating_sub(conversation.reserve)
-            .saturating_sub(calibration::apply(
-                fixed + summary_allowance,
-                conversation.factor,
-            ));
+            .saturating_sub(conversation.correction.apply(fixed + summary_allowance));
         // Half of what is left stays verbatim, so the conversation has room to grow before the
-        // next compaction; counts are raw tokens, so undo the calibration factor.
-        let mut keep = ((usable / 2) as f64 / conversation.factor) as u64;
+        // next compaction; counts are raw tokens, so undo the correction.
+        let mut keep = conversation.correction.unscale(usable / 2);
         keep = keep.min(self.config.keep_recent_tokens);
         if trigger.harder() {
             keep /= 2;
@@ -137,8 +134,9 @@ impl Engine {
         if trigger.ahead_of_time() {
             // Written now, applied later: leave room for what the conversation adds until then.
             let current = self.view(conversation, base).tokens;
-            let growth = (conversation.limit.saturating_sub(conversation.reserve) as f64
-                / conversation.factor) as u64;
+            let growth = conversation
+                .correction
+                .unscale(conversation.limit.saturating_sub(conversation.reserve));
             keep = keep.saturating_sub(growth.saturating_sub(current));
         }
         let input = PlanInput {
@@ -260,9 +258,8 @@ impl Engine {
     ) -> Option<u64> {
         let before = self.view(conversation, base).tokens;
         let after = self.view(conversation, Some(checkpoint)).tokens;
-        checkpoint.tokens_before =
-            calibration::apply(conversation.measured.total(), conversation.factor);
-        checkpoint.tokens_after = calibration::apply(after, conversation.factor);
+        checkpoint.tokens_before = conversation.correction.apply(conversation.measured.total());
+        checkpoint.tokens_after = conversation.correction.apply(after);
         (after < before).then(|| before - after)
     }
 
@@ -403,7 +400,13 @@ impl Engine {
                     // configured summarizer window) the window is halved for this span.
                     let stated = overflow.limit.filter(|_| overflow.trusted);
                     if stated.is_some() && self.summarizer.window == 0 {
-                        let counted = overflow.requested.unwrap_or(0);
+                        // The provider's count stands in for ours: only its stated window is
+                        // learned from it.
+                        let counted = SentCount {
+                            raw: overflow.requested.unwrap_or(0),
+                            tenant: conversation.tenant,
+                            ..SentCount::default()
+                        };
                         self.learn_overflow(&model, overflow, counted).await;
                     } else {
                         shrink = 2;
@@ -436,9 +439,18 @@ impl Engine {
         // The model writes at most its part; the record fills what the model leaves.
         let max_tokens = record::model_allowance(allowance);
         let encoding = Encoding::for_model(model);
-        let factor = calibration::initial_factor(model).max(conversation.factor);
-        let usable = ((window.saturating_sub(self.config.margin_tokens.min(window / 16)) as f64)
-            / factor) as u64;
+        // The conversation's correction, never below our own count (the summarizer may be
+        // another model).
+        let correction = conversation.correction;
+        let usable = Correction {
+            factor: correction.factor.max(1.0),
+            ..correction
+        }
+        .unscale(
+            window
+                .saturating_sub(self.config.margin_tokens.min(window / 16))
+                .saturating_sub(correction.overhead),
+        );
         let budget_for = |previous: Option<&str>| {
             usable
                 .saturating_sub(max_tokens)

@@ -5,7 +5,8 @@ use std::sync::Arc;
 
 use crate::dialect::{Role, WireRequest};
 use crate::identity::{self, Hash};
-use crate::measure::{calibration, Measured};
+use crate::measure::calibration::Correction;
+use crate::measure::Measured;
 use crate::store::{Checkpoint, ModelFacts};
 use crate::tokenizer::REPLY_PRIMING;
 
@@ -27,7 +28,11 @@ pub(super) struct Conversation {
     pub(super) anchor: Option<Hash>,
     pub(super) roles: Vec<Role>,
     pub(super) message_tokens: Vec<u64>,
-    pub(super) factor: f64,
+    /// Which elements carry media ([`WireRequest::has_media`]).
+    pub(super) media: Vec<bool>,
+    /// Whose request it is, as learned facts name tenants ([`super::learn::tenant_tag`]).
+    pub(super) tenant: u64,
+    pub(super) correction: Correction,
     pub(super) window: u64,
     /// `window - margin`.
     pub(super) limit: u64,
@@ -42,6 +47,19 @@ pub(super) fn matches_prefix(checkpoint: &Checkpoint, chain: &[Hash]) -> bool {
         && chain
             .get(checkpoint.covered - 1)
             .is_some_and(|h| identity::hex(h) == checkpoint.prefix_hash)
+}
+
+/// Whether what is sent through `checkpoint` (instructions, the pinned user element, the kept
+/// elements) is all counted: no media, whose cost is the provider's own.
+pub(super) fn sends_only_counted(
+    conversation: &Conversation,
+    checkpoint: Option<&Checkpoint>,
+) -> bool {
+    let covered = checkpoint.map_or(0, |c| c.covered.min(conversation.media.len()));
+    let pinned = checkpoint.and_then(|c| c.pinned_user);
+    !conversation.media.iter().enumerate().any(|(i, &media)| {
+        media && (i >= covered || conversation.roles[i].is_instruction() || Some(i) == pinned)
+    })
 }
 
 /// Whether `checkpoint` summarizes all of the conversation, nothing left verbatim (what a
@@ -69,6 +87,7 @@ impl Engine {
         let first_turn = roles.iter().position(|r| !r.is_instruction());
         let anchor = identity::anchor(&chain, first_turn);
         let message_tokens = measured.elements.iter().map(|m| m.tokens).collect();
+        let media = (0..request.len()).map(|i| request.has_media(i)).collect();
         Conversation {
             request: request.clone(),
             measured,
@@ -76,7 +95,9 @@ impl Engine {
             anchor,
             roles,
             message_tokens,
-            factor: 1.0,
+            media,
+            tenant: super::learn::tenant_tag(&context.tenant),
+            correction: Correction::NEUTRAL,
             window: 0,
             limit: 0,
             reserve: 0,
@@ -89,15 +110,13 @@ impl Engine {
     pub(super) fn with_facts(&self, conversation: Conversation, facts: ModelFacts) -> Conversation {
         let model = conversation.request.model();
         let (window, _) = self.windows.window(model, facts.window);
-        let factor = facts
-            .calibration
-            .unwrap_or_else(|| calibration::initial_factor(model));
+        let correction = self.correction(model, &facts);
         let margin = self.config.margin_tokens.min(window / 16);
         let reserve = conversation
             .request
             .output_reserve(self.config.reserve_output_tokens.min(window / 4));
         Conversation {
-            factor,
+            correction,
             window,
             limit: window.saturating_sub(margin),
             reserve,
@@ -222,7 +241,10 @@ impl Engine {
 
     pub(super) fn fits(&self, conversation: &Conversation, view: &View<'_>) -> bool {
         // Saturating: a client may ask for any output budget, up to `u64::MAX`.
-        calibration::apply(view.tokens, conversation.factor).saturating_add(conversation.reserve)
+        conversation
+            .correction
+            .apply(view.tokens)
+            .saturating_add(conversation.reserve)
             <= conversation.limit
     }
 
@@ -238,7 +260,9 @@ impl Engine {
     }
 
     /// Stage `check_fits_at_all`: refuses requests whose instructions, tools and last user
-    /// message cannot fit whatever is summarized.
+    /// message cannot fit whatever is summarized. Only our own count refuses: when only the
+    /// learned correction says they do not fit, the request is sent (compacted as far as it
+    /// goes) and the provider's answer teaches the correction, or shows it right.
     pub(super) fn check_fits_at_all(&self, conversation: &Conversation) -> Result<(), CannotFit> {
         let instructions = Self::instruction_tokens(conversation);
         let last_user = conversation
@@ -252,8 +276,8 @@ impl Engine {
             .request
             .max_output_tokens()
             .map_or(0, |_| conversation.reserve);
-        let needed = calibration::apply(raw, conversation.factor).saturating_add(answer);
-        if needed > conversation.limit {
+        let needed = conversation.correction.apply(raw).saturating_add(answer);
+        if needed > conversation.limit && raw.saturating_add(answer) > conversation.limit {
             return Err(CannotFit {
                 needed,
                 window: conversation.window,

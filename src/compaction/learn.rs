@@ -1,20 +1,47 @@
-//! What responses teach: the model's real window from overflow errors, and a correction factor
-//! for token counts from the provider's `usage`. Learned facts are cached here and read through
-//! to the (possibly shared) store.
+//! What responses teach: the model's real window from overflow errors, and the correction of
+//! token counts from the provider's `usage`. Learned facts are cached here and read through to
+//! the (possibly shared) store.
 //!
 //! A learned window is shared by every tenant of the model, so it is learned only from what the
 //! provider itself says: a [trusted](Overflow::trusted) overflow whose figures agree with ours
 //! and with what the provider accepted before. It never only shrinks: a larger prompt that the
 //! provider accepts raises it, and it is forgotten after `model_facts_ttl_secs`.
+//!
+//! The correction is shared too, so it is learned only from prompts we counted (no media), from
+//! a bounded window of observations in which each tenant has one vote ([`calibration`]). An
+//! overflow's own count of the prompt does not feed it: providers may count the output budget
+//! in it ("you requested N tokens (P in the messages, C in the completion)").
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::dialect::Overflow;
-use crate::measure::calibration;
+use crate::identity::Hash;
+use crate::measure::calibration::{self, Correction, Observation};
 use crate::store::{now_ms, ModelFacts};
 
 use super::Engine;
+
+/// Our count of what was sent upstream, and what decides whether its answer may teach.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SentCount {
+    /// Raw (uncorrected) tokens of what was sent.
+    pub raw: u64,
+    /// Whose request it was ([`tenant_tag`]).
+    pub tenant: u64,
+    /// Whether all of it was counted: no media, whose cost is the provider's own.
+    pub countable: bool,
+}
+
+/// A tenant as the learned facts name it: a tag derived from the tenant's hash, never the hash
+/// itself, only ever compared for equality.
+pub fn tenant_tag(tenant: &Hash) -> u64 {
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(b"compactor learned facts tenant");
+    hasher.update(tenant);
+    let bytes = hasher.finalize();
+    u64::from_le_bytes(bytes.as_bytes()[..8].try_into().expect("8 bytes"))
+}
 
 /// How long learned model facts are trusted before re-reading the (possibly shared) store.
 const FACTS_REFRESH: Duration = Duration::from_secs(15);
@@ -44,7 +71,8 @@ impl Engine {
         match self.store.model_facts(model).await {
             Ok(facts) => {
                 self.facts
-                    .insert(model.to_string(), (facts, Instant::now()));
+                    .insert(model.to_string(), (facts.clone(), Instant::now()));
+                self.show_facts(model, &facts);
                 (facts, false)
             }
             Err(e) => {
@@ -66,7 +94,8 @@ impl Engine {
         facts.expires_ms = (!ttl.is_zero())
             .then(|| now_ms().saturating_add(ttl.as_millis().min(u64::MAX as u128) as u64));
         self.facts
-            .insert(model.to_string(), (facts, Instant::now()));
+            .insert(model.to_string(), (facts.clone(), Instant::now()));
+        self.show_facts(model, &facts);
         if let Err(e) = self.store.put_model_facts(model, facts).await {
             self.metrics.store_errors.inc();
             tracing::warn!(error = %e, "Saving model facts failed.");
@@ -79,12 +108,42 @@ impl Engine {
         self.windows.window(model, facts.window).0
     }
 
-    /// Records an overflow error: the real window if stated, and a higher correction factor if
-    /// the provider counted more tokens than we did. Nothing is learned from an overflow that is
-    /// not the provider's own or whose figures contradict what we know.
-    pub async fn learn_overflow(&self, model: &str, overflow: Overflow, sent_raw_tokens: u64) {
+    /// The correction of our counts for `model` that `facts` support.
+    pub(super) fn correction(&self, model: &str, facts: &ModelFacts) -> Correction {
+        calibration::estimate(
+            &facts.observations,
+            calibration::is_exact_family(model),
+            self.config.learning_min_tenants,
+        )
+    }
+
+    /// The correction of our counts the proxy currently applies for `model`.
+    pub async fn correction_for(&self, model: &str) -> Correction {
+        let (facts, _) = self.model_facts(model).await;
+        self.correction(model, &facts)
+    }
+
+    /// Shows `model`'s live correction and window in the metrics (for a bounded set of models).
+    fn show_facts(&self, model: &str, facts: &ModelFacts) {
+        let facts = facts.clone().current(now_ms(), self.facts_ttl());
+        let Some(label) = self.metrics.model_label(model) else {
+            return;
+        };
+        let correction = self.correction(model, &facts);
+        self.metrics.show_model(
+            &label,
+            (correction.factor, correction.overhead),
+            self.windows.window(model, facts.window).0,
+            facts.observations.len(),
+        );
+    }
+
+    /// Records an overflow error: the real window if stated, or below what was sent if not.
+    /// Nothing is learned from an overflow that is not the provider's own or whose figures
+    /// contradict what we know.
+    pub async fn learn_overflow(&self, model: &str, overflow: Overflow, sent: SentCount) {
         let (mut facts, _) = self.model_facts(model).await;
-        if let Some(doubt) = doubt(&overflow, &facts, sent_raw_tokens) {
+        if let Some(doubt) = doubt(&overflow, &facts, sent.raw) {
             tracing::info!(
                 reason = doubt,
                 "Not learning a window from an overflow error."
@@ -92,36 +151,26 @@ impl Engine {
             return;
         }
         let (believed, _) = self.windows.window(model, facts.window);
-        let factor = facts
-            .calibration
-            .unwrap_or_else(|| calibration::initial_factor(model));
+        let correction = self.correction(model, &facts);
         let window = match overflow.limit {
             Some(limit) => limit,
             // No number given: what we sent was too much, so the window is below it (and at
             // least what the provider accepted before).
             None => believed
-                .min(calibration::apply(sent_raw_tokens, factor) * 9 / 10)
+                .min(correction.apply(sent.raw) * 9 / 10)
                 .max(facts.accepted_prompt.unwrap_or(0))
                 .max(256),
         };
         facts.window = Some(window);
         facts.window_learned_ms = Some(now_ms());
-        if let Some(requested) = overflow.requested.filter(|_| sent_raw_tokens > 0) {
-            let observed = requested as f64 / sent_raw_tokens as f64;
-            if observed > factor {
-                facts.calibration = Some(
-                    calibration::update(factor, sent_raw_tokens, requested).max(observed * 1.05),
-                );
-            }
-        }
         tracing::info!(window, "Learned the model's window from an overflow error.");
         self.save_facts(model, facts).await;
     }
 
-    /// Records the provider's count of a prompt we counted as `counted_raw`, which it accepted.
+    /// Records the provider's count of a prompt it accepted, which we counted as `sent`.
     /// Runs on the response path, so the common case (facts cached, nothing new) does no I/O
     /// and spawns nothing; changed facts are saved in the background.
-    pub fn observe_usage(self: &Arc<Self>, model: &str, counted_raw: u64, prompt_tokens: u64) {
+    pub fn observe_usage(self: &Arc<Self>, model: &str, sent: SentCount, prompt_tokens: u64) {
         let cached = self.facts.get(model).map(|entry| entry.0);
         let Some(stored) = cached else {
             // Not cached yet (the first response of a model): read through the store first.
@@ -130,14 +179,26 @@ impl Engine {
             tokio::spawn(async move {
                 engine.model_facts(&model).await;
                 if engine.facts.contains_key(&model) {
-                    engine.observe_usage(&model, counted_raw, prompt_tokens);
+                    engine.observe_usage(&model, sent, prompt_tokens);
                 }
             });
             return;
         };
         let now = now_ms();
-        let mut facts = stored.current(now, self.facts_ttl());
-        let mut changed = self.recalibrate(model, &mut facts, counted_raw, prompt_tokens);
+        let ttl = self.facts_ttl();
+        let mut facts = stored.clone().current(now, ttl);
+        // What media cost is the provider's own rule: such a prompt says nothing of our count.
+        let mut changed = sent.countable
+            && calibration::record(
+                &mut facts.observations,
+                Observation {
+                    counted: sent.raw,
+                    reported: prompt_tokens,
+                    tenant: sent.tenant,
+                    at_ms: now,
+                },
+                ttl.as_millis().min(u64::MAX as u128) as u64,
+            );
         // Recorded in steps, not on every turn of a growing conversation (each is a write).
         if facts
             .accepted_prompt
@@ -163,34 +224,10 @@ impl Engine {
             return;
         }
         self.facts
-            .insert(model.to_string(), (facts, Instant::now()));
+            .insert(model.to_string(), (facts.clone(), Instant::now()));
         let engine = self.clone();
         let model = model.to_string();
         tokio::spawn(async move { engine.save_facts(&model, facts).await });
-    }
-
-    /// Moves the correction factor toward the provider's count; whether it changed noticeably.
-    fn recalibrate(
-        &self,
-        model: &str,
-        facts: &mut ModelFacts,
-        counted_raw: u64,
-        prompt_tokens: u64,
-    ) -> bool {
-        let previous = facts
-            .calibration
-            .unwrap_or_else(|| calibration::initial_factor(model));
-        let mut next = calibration::update(previous, counted_raw, prompt_tokens);
-        if calibration::is_exact_family(model) {
-            // Counted with the model's own tokenizer: a lower figure from the provider means
-            // it counts differently (cached prefixes, gateways), not that we over-count.
-            next = next.max(1.0);
-        }
-        if (next - previous).abs() <= 0.005 {
-            return false;
-        }
-        facts.calibration = Some(next);
-        true
     }
 }
 

@@ -54,7 +54,7 @@ use tokio_util::task::TaskTracker;
 use crate::config::{CompactionConfig, SummarizerConfig};
 use crate::dialect::{AnswerError, Overflow, WireRequest};
 use crate::identity::Hash;
-use crate::measure::{calibration, windows::WindowTable, Measured, Meter};
+use crate::measure::{windows::WindowTable, Measured, Meter};
 use crate::metrics::Metrics;
 use crate::store::{CheckpointStore, ModelFacts};
 use crate::tokenizer::{Cancel, Encoding};
@@ -71,6 +71,7 @@ pub fn identity_short(anchor: &Hash) -> String {
 /// at worst, for a run without whitespace), less than the thread hand-offs of the blocking pool
 /// cost the small requests most clients send.
 const COUNT_INLINE_MAX_BYTES: usize = 4 * 1024;
+pub use learn::{tenant_tag, SentCount};
 pub use summarizer::{Summarizer, SummarizerError};
 
 /// What the client asked for in `x-compactor-mode`, or by asking for a compaction in its own
@@ -215,8 +216,9 @@ pub struct Outcome {
     pub status: Option<Status>,
     /// The store failed or is degraded; the request was served without it.
     pub store_degraded: bool,
-    /// Raw (uncalibrated) tokens of what was sent, for calibration against `usage`.
-    pub sent_raw_tokens: u64,
+    /// Our raw (uncorrected) count of what was sent, with whose it was and whether it was all
+    /// counted: what the provider's `usage` and overflow errors are compared against.
+    pub sent_raw_tokens: SentCount,
     /// The conversation's id (its anchor, in hex) for logs, when it has one.
     pub conversation: Option<String>,
 }
@@ -448,13 +450,13 @@ impl Engine {
     }
 
     /// The provider refused what [`Engine::prepare_identified`] sent as too long: learns the
-    /// window from `overflow` (`sent_raw_tokens` is our count of what was sent), and prepares the
+    /// window from `overflow` (`sent_raw_tokens` is our count of what was sent, and whose), and prepares the
     /// same request again, compacted harder, without counting, hashing or looking it up again.
     pub async fn retry_after_overflow(
         self: &Arc<Self>,
         identified: Identified,
         overflow: Overflow,
-        sent_raw_tokens: u64,
+        sent_raw_tokens: SentCount,
     ) -> Result<Prepared, CannotFit> {
         let Identified {
             conversation,
@@ -610,12 +612,16 @@ impl Engine {
     /// The request as the client sent it: its size, calibrated, against the window.
     fn measure(&self, conversation: &Conversation, facts_degraded: bool) -> Outcome {
         let original_total = conversation.measured.total();
-        let prompt_tokens = calibration::apply(original_total, conversation.factor);
+        let prompt_tokens = conversation.correction.apply(original_total);
         Outcome {
             prompt_tokens,
             window: conversation.window,
             store_degraded: facts_degraded || !self.store.healthy(),
-            sent_raw_tokens: original_total,
+            sent_raw_tokens: SentCount {
+                raw: original_total,
+                tenant: conversation.tenant,
+                countable: conversation::sends_only_counted(conversation, None),
+            },
             tokens_before: prompt_tokens,
             tokens_after: prompt_tokens,
             conversation: conversation.anchor.map(|a| identity_short(&a)),

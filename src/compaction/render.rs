@@ -3,11 +3,10 @@
 //! under a marker ([`Engine::fallback`]).
 
 use crate::dialect::{Role, Through};
-use crate::measure::calibration;
 use crate::store::Checkpoint;
 use crate::tokenizer::REPLY_PRIMING;
 
-use super::conversation::{Conversation, View};
+use super::conversation::{sends_only_counted, Conversation, View};
 use super::{Engine, Outcome, Prepared};
 
 /// Room kept for the marker that says turns were dropped.
@@ -30,8 +29,9 @@ impl Engine {
         let text = self.summary_text(cp);
         outcome.compacted = true;
         outcome.checkpoint_id = Some(cp.id.clone());
-        outcome.tokens_after = calibration::apply(view.tokens, conversation.factor);
-        outcome.sent_raw_tokens = view.tokens;
+        outcome.tokens_after = conversation.correction.apply(view.tokens);
+        outcome.sent_raw_tokens.raw = view.tokens;
+        outcome.sent_raw_tokens.countable = sends_only_counted(conversation, Some(cp));
         Prepared {
             body: self.render(conversation, cp, &text, self.config.merge_summary_into_user),
             outcome,
@@ -78,10 +78,11 @@ impl Engine {
         let budget = conversation
             .limit
             .saturating_sub(conversation.reserve)
-            .saturating_sub(calibration::apply(
-                conversation.measured.head_tokens + REPLY_PRIMING + MARKER_TOKENS,
-                conversation.factor,
-            ));
+            .saturating_sub(
+                conversation
+                    .correction
+                    .apply(conversation.measured.head_tokens + REPLY_PRIMING + MARKER_TOKENS),
+            );
         // What is sent from `start` on: instructions before it, every element after it.
         let sent_from = |start: usize| -> u64 {
             let instructions: u64 = (0..start)
@@ -104,7 +105,7 @@ impl Engine {
         let candidates = (kept_from..=last_user).filter(|&i| roles[i] == Role::User);
         let mut start = last_user;
         for candidate in candidates {
-            if calibration::apply(sent_from(candidate), conversation.factor) <= budget {
+            if conversation.correction.scale(sent_from(candidate)) <= budget {
                 start = candidate;
                 break;
             }
@@ -149,8 +150,9 @@ impl Engine {
         }
         let raw = sent_from(start) + conversation.measured.head_tokens + REPLY_PRIMING;
         outcome.compacted = true;
-        outcome.tokens_after = calibration::apply(raw, conversation.factor);
-        outcome.sent_raw_tokens = raw;
+        outcome.tokens_after = conversation.correction.apply(raw);
+        outcome.sent_raw_tokens.raw = raw;
+        outcome.sent_raw_tokens.countable = sends_only_counted(conversation, Some(&trimmed));
         Prepared {
             body: self.render(conversation, &trimmed, &marker, false),
             outcome,

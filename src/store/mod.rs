@@ -71,16 +71,36 @@ pub struct Truncation {
     pub keep_tokens: u64,
 }
 
+/// One accepted prompt, our count against the provider's: what the token-count correction is
+/// estimated from (`measure::calibration`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Observation {
+    /// Our raw count of the prompt sent.
+    pub counted: u64,
+    /// The provider's count of it (`usage.prompt_tokens`).
+    pub reported: u64,
+    /// Who sent it: a tag derived from the tenant's hash, only ever compared for equality.
+    pub tenant: u64,
+    /// When it was seen (ms since the Unix epoch).
+    pub at_ms: u64,
+}
+
 /// What was learned about a model from its provider.
-#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+///
+/// Rows written by earlier versions stay readable: every field added since is optional, and
+/// their single `calibration` factor (which one request could set for everyone) is ignored.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct ModelFacts {
-    /// The real window, from an overflow error (or raised by a larger prompt that was accepted).
+    /// The real window, as the provider stated it in an overflow error (or raised by a larger
+    /// prompt that was accepted).
     pub window: Option<u64>,
     /// When `window` was learned (ms since the Unix epoch); it is believed for the facts' TTL.
     #[serde(default)]
     pub window_learned_ms: Option<u64>,
-    /// Correction factor for token counts, from `usage`.
-    pub calibration: Option<f64>,
+    /// Recent prompts the provider accepted, our count against its own: what the token-count
+    /// correction is estimated from.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub observations: Vec<Observation>,
     /// The largest prompt the provider accepted, by its own count (`usage.prompt_tokens`): the
     /// window is at least that.
     #[serde(default)]
@@ -115,6 +135,8 @@ impl ModelFacts {
             self.accepted_prompt = None;
             self.accepted_ms = None;
         }
+        self.observations
+            .retain(|o| ttl.is_zero() || now_ms.saturating_sub(o.at_ms) < ttl_ms);
         self
     }
 }
@@ -219,6 +241,32 @@ pub(crate) fn insert_newest_first(list: &mut Vec<Checkpoint>, checkpoint: &Check
 }
 
 #[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_of_earlier_versions_are_read_and_their_single_factor_is_ignored() {
+        let old = r#"{"window":8192,"window_learned_ms":5,"calibration":4.0,"accepted_prompt":900,"accepted_ms":6,"expires_ms":7}"#;
+        let facts: ModelFacts = serde_json::from_str(old).unwrap();
+        assert_eq!(
+            facts,
+            ModelFacts {
+                window: Some(8192),
+                window_learned_ms: Some(5),
+                accepted_prompt: Some(900),
+                accepted_ms: Some(6),
+                expires_ms: Some(7),
+                ..ModelFacts::default()
+            }
+        );
+        assert!(facts.observations.is_empty());
+        let minimal: ModelFacts =
+            serde_json::from_str(r#"{"window":64,"calibration":null}"#).unwrap();
+        assert_eq!(minimal.window, Some(64));
+    }
+}
+
+#[cfg(test)]
 pub(crate) mod contract {
     //! Behaviour every store must have, run against each implementation.
     use super::*;
@@ -270,10 +318,15 @@ pub(crate) mod contract {
         let facts = ModelFacts {
             window: Some(4096),
             window_learned_ms: Some(now_ms()),
-            calibration: Some(1.1),
+            observations: vec![Observation {
+                counted: 100,
+                reported: 120,
+                tenant: 3,
+                at_ms: now_ms(),
+            }],
             ..ModelFacts::default()
         };
-        store.put_model_facts("m", facts).await.unwrap();
+        store.put_model_facts("m", facts.clone()).await.unwrap();
         assert_eq!(store.model_facts("m").await.unwrap(), facts);
         let lapsed = ModelFacts {
             expires_ms: Some(now_ms() - 1),

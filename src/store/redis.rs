@@ -120,9 +120,9 @@ impl Shared {
     async fn redis_put_facts(
         manager: &mut Connection,
         model: &str,
-        facts: ModelFacts,
+        facts: &ModelFacts,
     ) -> Result<(), RedisError> {
-        let body = serde_json::to_string(&facts).map_err(|e| {
+        let body = serde_json::to_string(facts).map_err(|e| {
             RedisError::from((redis::ErrorKind::TypeError, "facts encoding", e.to_string()))
         })?;
         match facts.expires_ms {
@@ -265,7 +265,7 @@ impl CheckpointStore for RedisStore {
                 if facts.is_expired(super::now_ms()) {
                     return Ok(ModelFacts::default());
                 }
-                s.local.put_model_facts(model, facts).await?;
+                s.local.put_model_facts(model, facts.clone()).await?;
                 Ok(facts)
             }
             Some(None) => Ok(ModelFacts::default()),
@@ -275,7 +275,8 @@ impl CheckpointStore for RedisStore {
 
     async fn put_model_facts(&self, model: &str, facts: ModelFacts) -> Result<(), StoreError> {
         let s = &self.shared;
-        s.local.put_model_facts(model, facts).await?;
+        s.local.put_model_facts(model, facts.clone()).await?;
+        let facts = &facts;
         loop {
             let stored = s
                 .call("put_model_facts", |mut m| async move {
@@ -284,7 +285,7 @@ impl CheckpointStore for RedisStore {
                 .await;
             if stored.is_some()
                 || s.queue(|p| {
-                    p.facts.insert(model.to_string(), facts);
+                    p.facts.insert(model.to_string(), facts.clone());
                 })
             {
                 return Ok(());

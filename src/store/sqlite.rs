@@ -291,16 +291,16 @@ impl CheckpointStore for SqliteStore {
         };
         let facts: ModelFacts =
             serde_json::from_str(&body).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        self.models.insert(model.to_string(), facts);
+        self.models.insert(model.to_string(), facts.clone());
         Ok(facts)
     }
 
     async fn put_model_facts(&self, model: &str, facts: ModelFacts) -> Result<(), StoreError> {
-        self.models.insert(model.to_string(), facts);
         let body = serde_json::to_string(&facts).map_err(|e| StoreError::Corrupt(e.to_string()))?;
         let expires_ms = facts
             .expires_ms
             .map_or(NEVER, |e| e.min(NEVER as u64) as i64);
+        self.models.insert(model.to_string(), facts);
         self.write(Write::ModelFacts {
             model: model.to_string(),
             body,
@@ -399,7 +399,6 @@ mod tests {
                     "m",
                     ModelFacts {
                         window: Some(2048),
-                        calibration: None,
                         ..ModelFacts::default()
                     },
                 )

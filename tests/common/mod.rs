@@ -4,7 +4,9 @@
 //! The mock enforces a context window by its own token count (the text of the messages, which
 //! is never more than the proxy's count), answers overflows with a real provider's error body,
 //! writes numbered summaries for requests marked `x-compactor-purpose: summary`, and records
-//! everything it receives. Models named `mock-…` select special behaviours.
+//! everything it receives. Models named `mock-…` select special behaviours; a request's
+//! `x-mock-billed-tokens` sets the prompt size the mock reports (and enforces), and
+//! `x-mock-template-tokens` adds to its count, as a chat template would.
 //!
 //! Beside it: [`messages_mock`] and [`responses_mock`], the same for one format each;
 //! [`provider_mock`], one mock serving all three formats alike (the dialect battery's);
@@ -279,7 +281,16 @@ async fn chat(State(state): State<Arc<MockState>>, req: Request) -> Response {
         let error = json!({"error":{"code":400,"message":format!("Invalid tool_choice: {choice}"),"type":"invalid_request_error"}});
         return (http::StatusCode::BAD_REQUEST, axum::Json(error)).into_response();
     }
-    let tokens = mock_tokens(&body);
+    // What a provider bills beyond the text, as another tokenizer or a chat template would: a
+    // client header (forwarded upstream) says so.
+    let header = |name: &str| {
+        rec.headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok())
+    };
+    let tokens = header("x-mock-billed-tokens")
+        .unwrap_or_else(|| mock_tokens(&body) + header("x-mock-template-tokens").unwrap_or(0));
     let window = state.window.load(Ordering::SeqCst);
     if window > 0 && tokens > window {
         state.overflows.fetch_add(1, Ordering::SeqCst);

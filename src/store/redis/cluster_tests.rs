@@ -81,10 +81,10 @@ async fn replicas_share_conversations_spread_over_every_master() {
 
     let facts = ModelFacts {
         window: Some(8192),
-        calibration: Some(1.05),
+        accepted_prompt: Some(4000),
         ..ModelFacts::default()
     };
-    two.put_model_facts("m", facts).await.unwrap();
+    two.put_model_facts("m", facts.clone()).await.unwrap();
     assert_eq!(one.model_facts("m").await.unwrap(), facts);
     let ttl = Duration::from_secs(30);
     assert!(one

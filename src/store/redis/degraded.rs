@@ -207,7 +207,7 @@ impl Shared {
         }
         let models: Vec<String> = batch.facts.keys().cloned().collect();
         for model in models {
-            let facts = batch.facts[&model];
+            let facts = &batch.facts[&model];
             let name = model.as_str();
             self.try_call(|mut m| async move { Self::redis_put_facts(&mut m, name, facts).await })
                 .await?;
@@ -328,7 +328,6 @@ mod tests {
                 "m",
                 ModelFacts {
                     window: Some(1000),
-                    calibration: None,
                     ..ModelFacts::default()
                 },
             )
@@ -358,10 +357,10 @@ mod tests {
         );
         let facts = ModelFacts {
             window: Some(2000),
-            calibration: Some(1.2),
+            accepted_prompt: Some(1200),
             ..ModelFacts::default()
         };
-        quick("put_model_facts", store.put_model_facts("m", facts))
+        quick("put_model_facts", store.put_model_facts("m", facts.clone()))
             .await
             .unwrap();
         let ttl = Duration::from_secs(30);

@@ -50,10 +50,9 @@ async fn replicas_share_checkpoints_facts_and_leases() {
     assert_eq!(two.get(&cp.id).await.unwrap(), Some(cp));
     let facts = ModelFacts {
         window: Some(8192),
-        calibration: None,
         ..ModelFacts::default()
     };
-    two.put_model_facts("m", facts).await.unwrap();
+    two.put_model_facts("m", facts.clone()).await.unwrap();
     assert_eq!(one.model_facts("m").await.unwrap(), facts);
 
     let ttl = Duration::from_secs(30);
@@ -216,7 +215,6 @@ async fn latency_against_sqlite() {
                 "m",
                 ModelFacts {
                     window: Some(1),
-                    calibration: None,
                     ..ModelFacts::default()
                 },
             )
