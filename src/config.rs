@@ -85,6 +85,7 @@ pub struct CompactionConfig {
     pub max_concurrent_summaries: usize,
     pub max_concurrent_summaries_per_tenant: usize,
     pub learning_min_tenants: usize,
+    pub window_bound_ttl_secs: u64,
 }
 
 /// Where summary requests go.
@@ -173,6 +174,7 @@ impl Default for CompactionConfig {
             max_concurrent_summaries: 8,
             max_concurrent_summaries_per_tenant: 2,
             learning_min_tenants: 2,
+            window_bound_ttl_secs: 3600,
         }
     }
 }

@@ -109,7 +109,7 @@ impl Engine {
     /// for its model (learned again after an overflow; nothing else changes).
     pub(super) fn with_facts(&self, conversation: Conversation, facts: ModelFacts) -> Conversation {
         let model = conversation.request.model();
-        let (window, _) = self.windows.window(model, facts.window);
+        let window = self.window_of(model, &facts, Some(conversation.tenant));
         let correction = self.correction(model, &facts);
         let margin = self.config.margin_tokens.min(window / 16);
         let reserve = conversation

@@ -5,7 +5,11 @@
 //! A learned window is shared by every tenant of the model, so it is learned only from what the
 //! provider itself says: a [trusted](Overflow::trusted) overflow whose figures agree with ours
 //! and with what the provider accepted before. It never only shrinks: a larger prompt that the
-//! provider accepts raises it, and it is forgotten after `model_facts_ttl_secs`.
+//! provider accepts raises it, and it is forgotten after `model_facts_ttl_secs`. An overflow
+//! that states no window teaches only an upper bound, from a prompt we counted (no media): the
+//! provider's likely count of it plus the output budget asked for. It is kept per tenant and
+//! shared only once `learning_min_tenants` tenants have met one ([`windows::bound_for`]), ages
+//! after `window_bound_ttl_secs`, and gives way to any larger prompt the provider accepts.
 //!
 //! The correction is shared too, so it is learned only from prompts we counted (no media), from
 //! a bounded window of observations in which each tenant has one vote ([`calibration`]). An
@@ -18,6 +22,7 @@ use std::time::{Duration, Instant};
 use crate::dialect::Overflow;
 use crate::identity::Hash;
 use crate::measure::calibration::{self, Correction, Observation};
+use crate::measure::windows::{self, WindowBound};
 use crate::store::{now_ms, ModelFacts};
 
 use super::Engine;
@@ -31,6 +36,9 @@ pub struct SentCount {
     pub tenant: u64,
     /// Whether all of it was counted: no media, whose cost is the provider's own.
     pub countable: bool,
+    /// The output budget the client asked for (0: none), which a provider may count against
+    /// the window with the prompt.
+    pub output_budget: u64,
 }
 
 /// A tenant as the learned facts name it: a tag derived from the tenant's hash, never the hash
@@ -54,6 +62,30 @@ const ACCEPTED_STEP: u64 = 10;
 impl Engine {
     fn facts_ttl(&self) -> Duration {
         Duration::from_secs(self.config.model_facts_ttl_secs)
+    }
+
+    /// How long a window bound from an overflow that stated no window is believed (ms; 0:
+    /// forever).
+    fn bound_ttl_ms(&self) -> u64 {
+        let secs = match self.config.window_bound_ttl_secs {
+            0 => self.config.model_facts_ttl_secs,
+            secs => secs,
+        };
+        secs.saturating_mul(1000)
+    }
+
+    /// The window to plan a request of `tenant` (`None`: of nobody in particular) with: the
+    /// learned or known one, or lower where overflows that stated none bound it.
+    pub(super) fn window_of(&self, model: &str, facts: &ModelFacts, tenant: Option<u64>) -> u64 {
+        let (window, _) = self.windows.window(model, facts.window);
+        let bound = windows::bound_for(
+            &facts.window_bounds,
+            tenant,
+            self.config.learning_min_tenants,
+            now_ms(),
+            self.bound_ttl_ms(),
+        );
+        bound.map_or(window, |b| window.min(b))
     }
 
     /// Learned facts for `model`, from the local cache or the store, without what has expired.
@@ -102,10 +134,16 @@ impl Engine {
         }
     }
 
-    /// The window the proxy currently believes for `model`.
+    /// The window the proxy currently believes for `model`, for every tenant.
     pub async fn window_for(&self, model: &str) -> u64 {
         let (facts, _) = self.model_facts(model).await;
-        self.windows.window(model, facts.window).0
+        self.window_of(model, &facts, None)
+    }
+
+    /// The window the proxy currently believes for `model` for requests of `tenant`.
+    pub async fn window_for_tenant(&self, model: &str, tenant: &Hash) -> u64 {
+        let (facts, _) = self.model_facts(model).await;
+        self.window_of(model, &facts, Some(tenant_tag(tenant)))
     }
 
     /// The correction of our counts for `model` that `facts` support.
@@ -133,14 +171,14 @@ impl Engine {
         self.metrics.show_model(
             &label,
             (correction.factor, correction.overhead),
-            self.windows.window(model, facts.window).0,
+            self.window_of(model, &facts, None),
             facts.observations.len(),
         );
     }
 
-    /// Records an overflow error: the real window if stated, or below what was sent if not.
-    /// Nothing is learned from an overflow that is not the provider's own or whose figures
-    /// contradict what we know.
+    /// Records an overflow error: the real window if stated, or a bound below what was sent
+    /// if not. Nothing is learned from an overflow that is not the provider's own or whose
+    /// figures contradict what we know, nor a bound from a prompt we could not count.
     pub async fn learn_overflow(&self, model: &str, overflow: Overflow, sent: SentCount) {
         let (mut facts, _) = self.model_facts(model).await;
         if let Some(doubt) = doubt(&overflow, &facts, sent.raw) {
@@ -150,20 +188,50 @@ impl Engine {
             );
             return;
         }
-        let (believed, _) = self.windows.window(model, facts.window);
-        let correction = self.correction(model, &facts);
-        let window = match overflow.limit {
-            Some(limit) => limit,
-            // No number given: what we sent was too much, so the window is below it (and at
-            // least what the provider accepted before).
-            None => believed
-                .min(correction.apply(sent.raw) * 9 / 10)
-                .max(facts.accepted_prompt.unwrap_or(0))
-                .max(256),
-        };
-        facts.window = Some(window);
-        facts.window_learned_ms = Some(now_ms());
-        tracing::info!(window, "Learned the model's window from an overflow error.");
+        let now = now_ms();
+        match overflow.limit {
+            Some(limit) => {
+                facts.window = Some(limit);
+                facts.window_learned_ms = Some(now);
+                tracing::info!(
+                    window = limit,
+                    "Learned the model's window from an overflow error."
+                );
+            }
+            None if !sent.countable || sent.raw == 0 => {
+                tracing::info!(
+                    reason = "prompt-not-counted",
+                    "Not learning a window bound from an overflow error that states no window."
+                );
+                return;
+            }
+            None => {
+                // What was sent (with the budget the provider may count with it) did not fit:
+                // the window is below that, and at least what the provider accepted before.
+                let tokens = self
+                    .correction(model, &facts)
+                    .apply(sent.raw)
+                    .saturating_add(sent.output_budget)
+                    .max(facts.accepted_prompt.unwrap_or(0).saturating_add(1))
+                    .max(256);
+                if tokens >= self.window_of(model, &facts, Some(sent.tenant)) {
+                    return;
+                }
+                windows::record_bound(
+                    &mut facts.window_bounds,
+                    WindowBound {
+                        tenant: sent.tenant,
+                        tokens,
+                        at_ms: now,
+                    },
+                    self.bound_ttl_ms(),
+                );
+                tracing::info!(
+                    bound = tokens,
+                    "Learned a bound on the model's window from an overflow error."
+                );
+            }
+        }
         self.save_facts(model, facts).await;
     }
 
@@ -207,6 +275,14 @@ impl Engine {
             facts.accepted_prompt = Some(prompt_tokens);
             facts.accepted_ms = Some(now);
             changed = true;
+        }
+        let bounds = facts.window_bounds.len();
+        facts.window_bounds.retain(|b| b.tokens > prompt_tokens);
+        if facts.window_bounds.len() < bounds {
+            tracing::info!(
+                accepted = prompt_tokens,
+                "Dropped window bounds: the provider accepted a larger prompt."
+            );
         }
         if let Some(window) = facts.window.filter(|w| prompt_tokens > *w) {
             // The provider took more than the learned window: that window was wrong. The table's

@@ -621,6 +621,7 @@ impl Engine {
                 raw: original_total,
                 tenant: conversation.tenant,
                 countable: conversation::sends_only_counted(conversation, None),
+                output_budget: conversation.request.max_output_tokens().unwrap_or(0),
             },
             tokens_before: prompt_tokens,
             tokens_after: prompt_tokens,

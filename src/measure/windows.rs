@@ -1,7 +1,66 @@
 //! Context windows by model: a built-in table for the common families, overridden by config,
 //! overridden in turn by what providers' overflow errors taught us.
+//!
+//! An overflow error that states the window teaches it outright. One that states none only
+//! says that the prompt sent did not fit: an upper bound ([`WindowBound`]), learned only from a
+//! prompt the proxy could count (no media) and kept per tenant. It applies at once to the
+//! tenant whose request overflowed, and to everyone else only once `min_tenants` tenants have
+//! each met one ([`bound_for`]); it is forgotten after its own, shorter age, or as soon as the
+//! provider accepts a larger prompt.
 
 use std::collections::BTreeMap;
+
+pub use crate::store::WindowBound;
+
+/// Window bounds kept per model (the newest, one per tenant).
+pub const BOUNDS: usize = 16;
+
+/// Records `new` in `bounds`: the tenant's bound becomes the lower of its old one and `new`;
+/// bounds older than `max_age_ms` (0: none) and the oldest beyond [`BOUNDS`] are dropped.
+pub fn record_bound(bounds: &mut Vec<WindowBound>, new: WindowBound, max_age_ms: u64) {
+    forget_old_bounds(bounds, new.at_ms, max_age_ms);
+    let tokens = bounds
+        .iter()
+        .filter(|b| b.tenant == new.tenant)
+        .map(|b| b.tokens)
+        .fold(new.tokens, u64::min);
+    bounds.retain(|b| b.tenant != new.tenant);
+    bounds.push(WindowBound { tokens, ..new });
+    bounds.sort_by_key(|b| b.at_ms);
+    if bounds.len() > BOUNDS {
+        bounds.drain(..bounds.len() - BOUNDS);
+    }
+}
+
+/// Drops the bounds older than `max_age_ms` at `now_ms` (0: none).
+pub fn forget_old_bounds(bounds: &mut Vec<WindowBound>, now_ms: u64, max_age_ms: u64) {
+    if max_age_ms > 0 {
+        bounds.retain(|b| now_ms.saturating_sub(b.at_ms) < max_age_ms);
+    }
+}
+
+/// The bound that applies to a request of `tenant` (`None`: of nobody in particular) at
+/// `now_ms`: the tenant's own, or the `min_tenants`-th lowest of all (a figure at least that
+/// many tenants have each seen refused), whichever is lower.
+pub fn bound_for(
+    bounds: &[WindowBound],
+    tenant: Option<u64>,
+    min_tenants: usize,
+    now_ms: u64,
+    max_age_ms: u64,
+) -> Option<u64> {
+    let alive = |b: &&WindowBound| max_age_ms == 0 || now_ms.saturating_sub(b.at_ms) < max_age_ms;
+    let own = bounds
+        .iter()
+        .filter(alive)
+        .filter(|b| Some(b.tenant) == tenant)
+        .map(|b| b.tokens)
+        .min();
+    let mut all: Vec<u64> = bounds.iter().filter(alive).map(|b| b.tokens).collect();
+    all.sort_unstable();
+    let shared = all.get(min_tenants.max(1) - 1).copied();
+    own.into_iter().chain(shared).min()
+}
 
 /// Built-in windows, matched as substrings of the lowercased model name; the longest match wins.
 /// Figures are the providers' published context lengths.
@@ -129,5 +188,45 @@ mod tests {
             (2048, WindowSource::Learned)
         );
         assert_eq!(t.window("my-model", None), (100_000, WindowSource::Default));
+    }
+
+    fn bound(tenant: u64, tokens: u64, at_ms: u64) -> WindowBound {
+        WindowBound {
+            tenant,
+            tokens,
+            at_ms,
+        }
+    }
+
+    #[test]
+    fn one_tenants_bound_applies_to_it_alone_until_others_meet_one() {
+        let mut bounds = Vec::new();
+        record_bound(&mut bounds, bound(1, 256, 0), 0);
+        assert_eq!(bound_for(&bounds, Some(1), 2, 0, 0), Some(256));
+        assert_eq!(bound_for(&bounds, Some(2), 2, 0, 0), None);
+        assert_eq!(bound_for(&bounds, None, 2, 0, 0), None);
+        // With one tenant enough, it is everyone's.
+        assert_eq!(bound_for(&bounds, Some(2), 1, 0, 0), Some(256));
+        // A second tenant's overflow: the higher of the two is what both have seen refused.
+        record_bound(&mut bounds, bound(2, 7_000, 1), 0);
+        assert_eq!(bound_for(&bounds, Some(3), 2, 1, 0), Some(7_000));
+        assert_eq!(bound_for(&bounds, Some(1), 2, 1, 0), Some(256));
+        // A tenant keeps its lowest bound; many tenants are kept to a bounded list.
+        record_bound(&mut bounds, bound(1, 9_000, 2), 0);
+        assert_eq!(bound_for(&bounds, Some(1), 2, 2, 0), Some(256));
+        for t in 10..100 {
+            record_bound(&mut bounds, bound(t, 5_000 + t, 3 + t), 0);
+        }
+        assert_eq!(bounds.len(), BOUNDS);
+    }
+
+    #[test]
+    fn bounds_age() {
+        let mut bounds = Vec::new();
+        record_bound(&mut bounds, bound(1, 256, 1_000), 10_000);
+        assert_eq!(bound_for(&bounds, Some(1), 1, 10_999, 10_000), Some(256));
+        assert_eq!(bound_for(&bounds, Some(1), 1, 11_000, 10_000), None);
+        record_bound(&mut bounds, bound(2, 4_000, 20_000), 10_000);
+        assert_eq!(bounds, [bound(2, 4_000, 20_000)]);
     }
 }

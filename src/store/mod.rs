@@ -85,6 +85,18 @@ pub struct Observation {
     pub at_ms: u64,
 }
 
+/// An upper bound on a model's window (`measure::windows`): a prompt of `tokens` (the provider's likely count of it,
+/// with the output budget the client asked for) was refused as too long, and the error did not
+/// say what the window is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WindowBound {
+    /// Whose request it was: a tag derived from the tenant's hash, only compared for equality.
+    pub tenant: u64,
+    pub tokens: u64,
+    /// When it was learned (ms since the Unix epoch).
+    pub at_ms: u64,
+}
+
 /// What was learned about a model from its provider.
 ///
 /// Rows written by earlier versions stay readable: every field added since is optional, and
@@ -97,6 +109,10 @@ pub struct ModelFacts {
     /// When `window` was learned (ms since the Unix epoch); it is believed for the facts' TTL.
     #[serde(default)]
     pub window_learned_ms: Option<u64>,
+    /// Upper bounds on the window from overflow errors that stated none, at most one per
+    /// tenant.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub window_bounds: Vec<WindowBound>,
     /// Recent prompts the provider accepted, our count against its own: what the token-count
     /// correction is estimated from.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -122,6 +138,7 @@ impl ModelFacts {
 
     /// These facts with what was learned longer than `ttl` before `now_ms` forgotten (a zero
     /// `ttl`: nothing is). A window stored without the time it was learned counts as expired.
+    /// Window bounds age sooner, each on its own (`measure::windows::bound_for`).
     pub fn current(mut self, now_ms: u64, ttl: Duration) -> ModelFacts {
         let ttl_ms = ttl.as_millis().min(u64::MAX as u128) as u64;
         let alive = |at: Option<u64>| {
@@ -259,7 +276,7 @@ mod tests {
                 ..ModelFacts::default()
             }
         );
-        assert!(facts.observations.is_empty());
+        assert!(facts.observations.is_empty() && facts.window_bounds.is_empty());
         let minimal: ModelFacts =
             serde_json::from_str(r#"{"window":64,"calibration":null}"#).unwrap();
         assert_eq!(minimal.window, Some(64));
@@ -318,6 +335,11 @@ pub(crate) mod contract {
         let facts = ModelFacts {
             window: Some(4096),
             window_learned_ms: Some(now_ms()),
+            window_bounds: vec![WindowBound {
+                tenant: 3,
+                tokens: 2000,
+                at_ms: now_ms(),
+            }],
             observations: vec![Observation {
                 counted: 100,
                 reported: 120,

@@ -50,6 +50,8 @@ impl Recorded {
 pub enum OverflowStyle {
     OpenAi,
     LlamaCpp,
+    /// OpenAI's newer wording, which states no window and no count.
+    NoFigures,
 }
 
 #[derive(Default)]
@@ -302,6 +304,9 @@ async fn chat(State(state): State<Arc<MockState>>, req: Request) -> Response {
         let text = match style {
             OverflowStyle::OpenAi => {
                 json!({"error":{"message": format!("This model's maximum context length is {window} tokens. However, your messages resulted in {tokens} tokens. Please reduce the length of the messages."),"type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}})
+            }
+            OverflowStyle::NoFigures => {
+                json!({"error":{"message":"Your input exceeds the context window of this model.","type":"invalid_request_error","param":"input","code":"context_length_exceeded"}})
             }
             OverflowStyle::LlamaCpp => {
                 json!({"error":{"code":400,"message": format!("request ({tokens} tokens) exceeds the available context size ({window} tokens), try increasing it"),"type":"exceed_context_size_error","n_prompt_tokens":tokens,"n_ctx":window}})
