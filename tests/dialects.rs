@@ -842,13 +842,12 @@ impl EngineRig {
         };
         let before = self.provider.received().len();
         let context = Self::context();
-        let cannot_fit = |e: compactor::compaction::CannotFit| {
-            self.refused(Some("context_length_exceeded"), None, e.to_string())
-        };
+        let cannot_fit =
+            |message: String| self.refused(Some("context_length_exceeded"), None, message);
         let (prepared, identified) = match self.engine.prepare_identified(&context, &request).await
         {
             Ok(prepared) => prepared,
-            Err(e) => return cannot_fit(e),
+            Err(e) => return cannot_fit(e.to_string()),
         };
         let mut outcome = prepared.outcome;
         let (mut status, mut reply) = self.provider.answer(&prepared.body);
@@ -863,14 +862,14 @@ impl EngineRig {
                 .await
             {
                 Ok(again) => again,
-                Err(e) => return cannot_fit(e),
+                Err(e) => return cannot_fit(e.to_string()),
             };
             outcome = again.outcome;
             (status, reply) = self.provider.answer(&again.body);
             if let Some(again) = self.dialect.overflow(status, &reply).filter(|o| o.trusted) {
                 let needed = again.requested.unwrap_or(outcome.tokens_after);
                 let window = again.limit.unwrap_or(outcome.window);
-                return cannot_fit(compactor::compaction::CannotFit { needed, window });
+                return cannot_fit(compactor::compaction::CannotFit { needed, window }.to_string());
             }
         }
         Served {

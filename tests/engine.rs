@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use compactor::compaction::{
-    CannotFit, Engine, Mode, Parts, Prepared, RequestContext, Status, Summarizer, SummarizerError,
+    Engine, Mode, Parts, Prepared, Refusal, RequestContext, Status, Summarizer, SummarizerError,
     SummaryError,
 };
 use compactor::config::{CompactionConfig, SummarizerConfig};
@@ -210,7 +210,7 @@ async fn prepare_as(
     setup: &Setup,
     context: &RequestContext,
     request: &Arc<dyn WireRequest>,
-) -> Result<Prepared, CannotFit> {
+) -> Result<Prepared, Refusal> {
     setup.engine.prepare(context, request).await
 }
 
@@ -705,7 +705,7 @@ async fn a_client_that_gives_up_mid_summary_does_not_stall_its_conversation() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn the_largest_output_budget_is_refused_without_wrapping() {
+async fn the_largest_output_budget_is_capped_without_wrapping() {
     let setup = setup(
         Behaviour::Answer {
             delay: Duration::ZERO,
@@ -713,13 +713,45 @@ async fn the_largest_output_budget_is_refused_without_wrapping() {
         |_, _| {},
     );
     // A short conversation and one over the window; each asks for u64::MAX output tokens.
-    for messages in [session(3), session(40)] {
+    for (messages, compacted) in [(session(3), false), (session(40), true)] {
         let mut chat = chat_request(&messages);
         chat.settings.max_output_tokens = Some(u64::MAX);
         let request: Arc<dyn WireRequest> = Arc::new(chat);
-        let refused = prepare_as(&setup, &context(), &request).await;
-        let CannotFit { needed, window } = refused.err().expect("no window holds that answer");
-        assert_eq!((needed, window), (u64::MAX, WINDOW));
+        let prepared = prepare_as(&setup, &context(), &request).await.unwrap();
+        assert_eq!(prepared.outcome.compacted, compacted);
+    }
+    assert_eq!(setup.summarizer.calls(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_output_budget_that_cannot_fit_beside_the_last_message_is_named() {
+    let setup = setup(
+        Behaviour::Answer {
+            delay: Duration::ZERO,
+        },
+        |_, _| {},
+    );
+    // The last user message alone takes most of the window; the reserve (capped at a quarter
+    // of the window) does not fit beside it.
+    let mut messages = session(3);
+    let long: String = (0..2_400).map(|w| format!("x{w} ")).collect();
+    messages.push(json!({"role": "user", "content": long}));
+    let mut chat = chat_request(&messages);
+    chat.settings.max_output_tokens = Some(32_768);
+    let request: Arc<dyn WireRequest> = Arc::new(chat);
+    match prepare_as(&setup, &context(), &request).await {
+        Err(Refusal::OutputBudget {
+            needed,
+            window,
+            prompt,
+            reserved,
+            asked,
+        }) => {
+            assert_eq!((window, reserved, asked), (WINDOW, WINDOW / 4, 32_768));
+            assert_eq!(needed, prompt + reserved);
+            assert!(prompt < WINDOW && needed > WINDOW - 500, "{prompt}");
+        }
+        other => panic!("{:?}", other.map(|p| p.outcome)),
     }
     assert_eq!(setup.summarizer.calls(), 0);
 }

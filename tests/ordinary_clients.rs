@@ -289,7 +289,7 @@ fn the_startup_log_names_the_bound_port() {
 }
 
 #[tokio::test]
-async fn the_largest_max_tokens_does_not_wrap_the_budget() {
+async fn the_largest_max_tokens_is_capped_without_wrapping() {
     let mock = start_mock().await;
     let proxy = start_proxy(config(&mock.url())).await;
     for field in ["max_tokens", "max_completion_tokens"] {
@@ -304,9 +304,94 @@ async fn the_largest_max_tokens_does_not_wrap_the_budget() {
             .unwrap();
         let status = response.status().as_u16();
         let text = response.text().await.unwrap();
-        // No window holds that many output tokens: refused as too long, never a 500 or a wrap.
-        assert_eq!(status, 400, "{field}: {text}");
-        assert_eq!(error_code(status, &text), "context_length_exceeded");
+        // The reserve is capped, never a 500 or a wrap; the budget itself goes as it came.
+        assert_eq!(status, 200, "{field}: {text}");
+        assert_eq!(mock.chats().last().unwrap().json()[field], json!(u64::MAX));
+    }
+}
+
+/// Somewhat more than `n` tokens of text.
+fn prose(n: usize) -> String {
+    (0..n / 2)
+        .map(|i| format!("w{i}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[tokio::test]
+async fn a_large_output_budget_does_not_refuse_a_small_request_at_a_small_window() {
+    let mock = start_mock().await;
+    let mut cfg = config(&mock.url());
+    cfg.windows.insert("qwen-local".into(), 4096);
+    let proxy = start_proxy(cfg).await;
+    // Qwen Code asks for 32,768 output tokens whatever the model; others ask for 4,096.
+    for (field, budget) in [("max_tokens", 32_768), ("max_completion_tokens", 4096)] {
+        let mut body =
+            json!({"model": "qwen-local", "messages": [{"role": "user", "content": "Say hi."}]});
+        body[field] = json!(budget);
+        let r = common::post(
+            &format!("{}/v1/chat/completions", proxy.url()),
+            &[("content-type", "application/json")],
+            body.to_string(),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{field}: {}", r.body);
+        assert_eq!(mock.chats().last().unwrap().json()[field], json!(budget));
+    }
+
+    let responses = common::responses_mock::start_responses_mock().await;
+    let mut cfg = config(&responses.url());
+    cfg.windows.insert("qwen-local".into(), 4096);
+    let proxy = start_proxy(cfg).await;
+    let body = json!({"model": "qwen-local", "max_output_tokens": 32_768, "input": [
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Say hi."}]}
+    ]});
+    let r = common::post(
+        &format!("{}/v1/responses", proxy.url()),
+        &[("content-type", "application/json")],
+        body.to_string(),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(
+        responses.turns().last().unwrap().json()["max_output_tokens"],
+        32_768
+    );
+}
+
+#[tokio::test]
+async fn when_the_output_budget_is_what_cannot_fit_the_error_says_so() {
+    let mock = start_mock().await;
+    let mut cfg = config(&mock.url());
+    cfg.windows.insert("qwen-local".into(), 4096);
+    let proxy = start_proxy(cfg).await;
+    let mut body = json!({"model": "qwen-local", "messages": [
+        {"role": "system", "content": prose(2_700)},
+        {"role": "user", "content": "hi"},
+    ]});
+    let url = format!("{}/v1/chat/completions", proxy.url());
+    let headers = [("content-type", "application/json")];
+    // Without a budget of its own the prompt fits (and is sent as it is).
+    let r = common::post(&url, &headers, body.to_string()).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let prompt: u64 = r
+        .header("x-compactor-prompt-tokens")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((3_000..3_840).contains(&prompt), "{prompt}");
+
+    body["max_tokens"] = json!(32_768);
+    let r = common::post(&url, &headers, body.to_string()).await;
+    assert_eq!(error_code(r.status, &r.body), "context_length_exceeded");
+    let message = r.json()["error"]["message"].as_str().unwrap().to_string();
+    for part in [
+        "output budget".to_string(),
+        format!("{prompt} for the system prompt, tools and last user message"),
+        "1024 kept for the answer (of the 32768 output tokens asked for)".to_string(),
+        "context window of 4096 tokens".to_string(),
+    ] {
+        assert!(message.contains(&part), "{part:?} missing from {message}");
     }
 }
 

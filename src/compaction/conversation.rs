@@ -10,7 +10,7 @@ use crate::measure::Measured;
 use crate::store::{Checkpoint, ModelFacts};
 use crate::tokenizer::REPLY_PRIMING;
 
-use super::{Applied, CannotFit, Engine, Outcome, RequestContext};
+use super::{Applied, CannotFit, Engine, Outcome, Refusal, RequestContext};
 
 /// The conversation as seen through a checkpoint: which messages are sent and what they cost.
 pub(super) struct View<'c> {
@@ -260,10 +260,12 @@ impl Engine {
     }
 
     /// Stage `check_fits_at_all`: refuses requests whose instructions, tools and last user
-    /// message cannot fit whatever is summarized. Only our own count refuses: when only the
-    /// learned correction says they do not fit, the request is sent (compacted as far as it
-    /// goes) and the provider's answer teaches the correction, or shows it right.
-    pub(super) fn check_fits_at_all(&self, conversation: &Conversation) -> Result<(), CannotFit> {
+    /// message cannot fit whatever is summarized, alone or beside the output budget the client
+    /// asked for (as reserved: capped at the configured share), saying which. Only our own
+    /// count refuses: when only the learned correction says they do not fit, the request is
+    /// sent (compacted as far as it goes) and the provider's answer teaches the correction, or
+    /// shows it right.
+    pub(super) fn check_fits_at_all(&self, conversation: &Conversation) -> Result<(), Refusal> {
         let instructions = Self::instruction_tokens(conversation);
         let last_user = conversation
             .roles
@@ -271,16 +273,25 @@ impl Engine {
             .rposition(|r| *r == Role::User)
             .map_or(0, |i| conversation.message_tokens[i]);
         let raw = instructions + last_user + conversation.measured.head_tokens + REPLY_PRIMING;
+        let prompt = conversation.correction.apply(raw).min(raw);
+        if prompt > conversation.limit {
+            return Err(Refusal::Prompt(CannotFit {
+                needed: prompt,
+                window: conversation.window,
+            }));
+        }
         // Only a budget the client asked for must fit; the configured share may shrink.
-        let answer = conversation
-            .request
-            .max_output_tokens()
-            .map_or(0, |_| conversation.reserve);
-        let needed = conversation.correction.apply(raw).saturating_add(answer);
-        if needed > conversation.limit && raw.saturating_add(answer) > conversation.limit {
-            return Err(CannotFit {
+        let Some(asked) = conversation.request.max_output_tokens() else {
+            return Ok(());
+        };
+        let needed = prompt.saturating_add(conversation.reserve);
+        if needed > conversation.limit {
+            return Err(Refusal::OutputBudget {
                 needed,
                 window: conversation.window,
+                prompt,
+                reserved: conversation.reserve,
+                asked,
             });
         }
         Ok(())

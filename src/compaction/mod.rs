@@ -237,6 +237,28 @@ pub struct CannotFit {
     pub window: u64,
 }
 
+/// Why a request is refused before it is sent: what is sent whatever is summarized does not
+/// fit the window. The first two figures of each message are the tokens needed and the window
+/// (what the Messages dialect rewords as Anthropic's "prompt is too long: N tokens > W").
+#[derive(Debug, thiserror::Error)]
+pub enum Refusal {
+    /// The system prompt, tools and last user message alone do not fit.
+    #[error(transparent)]
+    Prompt(#[from] CannotFit),
+    /// They fit, but not beside the output budget kept for the answer.
+    #[error("this request cannot fit with its output budget: it needs {needed} tokens of the model's context window of {window} tokens, {prompt} for the system prompt, tools and last user message and {reserved} kept for the answer (of the {asked} output tokens asked for); ask for fewer output tokens")]
+    OutputBudget {
+        needed: u64,
+        window: u64,
+        /// Tokens of the system prompt, tools and last user message.
+        prompt: u64,
+        /// Tokens reserved for the answer: the budget asked for, capped.
+        reserved: u64,
+        /// The output budget the client asked for.
+        asked: u64,
+    },
+}
+
 /// Why a summary could not be made.
 #[derive(Debug, thiserror::Error)]
 pub enum SummaryError {
@@ -408,7 +430,7 @@ impl Engine {
         self: &Arc<Self>,
         context: &RequestContext,
         request: &Arc<dyn WireRequest>,
-    ) -> Result<Prepared, CannotFit> {
+    ) -> Result<Prepared, Refusal> {
         Ok(self.prepare_identified(context, request).await?.0)
     }
 
@@ -418,7 +440,7 @@ impl Engine {
         self: &Arc<Self>,
         context: &RequestContext,
         request: &Arc<dyn WireRequest>,
-    ) -> Result<(Prepared, Identified), CannotFit> {
+    ) -> Result<(Prepared, Identified), Refusal> {
         let measured = self.count(request).await;
         let (facts, facts_degraded) = self.model_facts(request.model()).await;
         let conversation = self.with_facts(self.identify(context, request, measured), facts);
@@ -457,7 +479,7 @@ impl Engine {
         identified: Identified,
         overflow: Overflow,
         sent_raw_tokens: SentCount,
-    ) -> Result<Prepared, CannotFit> {
+    ) -> Result<Prepared, Refusal> {
         let Identified {
             conversation,
             checkpoints,
@@ -485,7 +507,7 @@ impl Engine {
         checkpoints: &[crate::store::Checkpoint],
         trigger: Trigger,
         mut outcome: Outcome,
-    ) -> Result<Prepared, CannotFit> {
+    ) -> Result<Prepared, Refusal> {
         let forced = trigger != Trigger::Threshold;
         let view = match self.apply_checkpoint(conversation, checkpoints, forced, &mut outcome) {
             Applied::Ready(prepared) => return Ok(prepared),

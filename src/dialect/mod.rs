@@ -185,10 +185,12 @@ pub trait WireRequest: Send + Sync {
     /// Tokens the summary message costs when it carries `text`.
     fn summary_tokens(&self, encoding: Encoding, text: &str) -> u64;
     /// Tokens to keep free for the answer, given the configured share of the window
-    /// (`configured`). The output budget the client asked for is honoured as it is; a dialect
-    /// whose clients send a fixed large budget whatever the model (Claude Code's 32,000) caps it.
+    /// (`configured`): the output budget the client asked for, capped at that share. Clients
+    /// send a fixed large budget whatever the model (Claude Code 32,000, Qwen Code 32,768):
+    /// taken as it is, it alone would fill a small window that the server would serve.
     fn output_reserve(&self, configured: u64) -> u64 {
-        self.max_output_tokens().unwrap_or(configured)
+        self.max_output_tokens()
+            .map_or(configured, |asked| asked.min(configured))
     }
 
     /// Whether the last turn must never be cut inside (split, or its results shortened): its

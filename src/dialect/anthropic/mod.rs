@@ -202,13 +202,6 @@ impl WireRequest for MessagesRequest {
         encoding.count(text) + MESSAGE_OVERHEAD
     }
 
-    /// Claude Code asks for 32,000 or more output tokens whatever the model: taken as it is, that
-    /// budget alone would fill a small window, so it is capped at the configured share.
-    fn output_reserve(&self, configured: u64) -> u64 {
-        self.max_output_tokens()
-            .map_or(configured, |asked| asked.min(configured))
-    }
-
     fn view(&self, index: usize) -> MessageView {
         view_of(&self.messages[index])
     }
