@@ -11,8 +11,7 @@ use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::response::Response;
-use bytes::{Bytes, BytesMut};
-use futures::StreamExt;
+use bytes::Bytes;
 use http::{HeaderMap, Method};
 
 use super::app::App;
@@ -23,6 +22,7 @@ use super::headers::{
 };
 use super::limits::check_model_name;
 use super::log::Escaped;
+use super::probe::{is_sse, probe, Probe};
 use super::stream;
 use super::tenant::Tenant;
 use crate::compaction::{Mode, Outcome, RequestContext};
@@ -30,11 +30,6 @@ use crate::dialect::responses::request::ResponsesRequest;
 use crate::dialect::{Dialect, Overflow, WireRequest};
 use crate::metrics::Route;
 use crate::upstream::{self, Upstream, UpstreamResponse};
-
-/// Largest error body read from the provider (to recognise an overflow in it).
-const ERROR_BODY_LIMIT: usize = 4 * 1024 * 1024;
-/// Largest head of a stream held back while looking for a failure before any output.
-const STREAM_HEAD_LIMIT: usize = 64 * 1024;
 
 /// Where one compacting route's requests go.
 pub(super) struct Target<'a> {
@@ -106,15 +101,7 @@ pub(super) async fn serve(
     body: Body,
     target: Target<'_>,
 ) -> Response {
-    let mut exchange = Exchange {
-        app,
-        tenant,
-        headers,
-        target,
-        started: Instant::now(),
-        upstream_time: Duration::ZERO,
-        sent: Bytes::new(),
-    };
+    let mut exchange = Exchange::new(app, tenant, headers, target);
     let ending = match exchange.run(body).await {
         Ok(ending) => ending,
         Err(e) => Ending::Refused(e),
@@ -132,15 +119,7 @@ pub(super) async fn count_through_checkpoint(
     body: Body,
     target: Target<'_>,
 ) -> Response {
-    let mut exchange = Exchange {
-        app,
-        tenant,
-        headers,
-        target,
-        started: Instant::now(),
-        upstream_time: Duration::ZERO,
-        sent: Bytes::new(),
-    };
+    let mut exchange = Exchange::new(app, tenant, headers, target);
     let response = match exchange.count(body).await {
         Ok(response) => response,
         Err(e) => e.into_response_in(exchange.target.dialect),
@@ -149,7 +128,24 @@ pub(super) async fn count_through_checkpoint(
     response
 }
 
-impl Exchange<'_> {
+impl<'a> Exchange<'a> {
+    fn new(
+        app: &'a Arc<App>,
+        tenant: &'a Tenant,
+        headers: &'a HeaderMap,
+        target: Target<'a>,
+    ) -> Exchange<'a> {
+        Exchange {
+            app,
+            tenant,
+            headers,
+            target,
+            started: Instant::now(),
+            upstream_time: Duration::ZERO,
+            sent: Bytes::new(),
+        }
+    }
+
     async fn run(&mut self, body: Body) -> Result<Ending, ApiError> {
         refuse_encoded_body(self.headers)?;
         let instructions = instructions(self.headers)?;
@@ -482,75 +478,6 @@ fn cannot_fit_message(overflow: Overflow, sent: u64, window: u64) -> String {
          prompt takes {counted}, and the model's context window is {window} tokens; shorten the \
          system prompt, tools or last message, or start a new conversation"
     )
-}
-
-/// What the start of the provider's answer says.
-#[derive(Default)]
-struct Probe {
-    /// It refused the prompt as too long.
-    overflow: Option<Overflow>,
-    /// The whole body of an error answer, read to look for an overflow in it.
-    error_body: Option<Bytes>,
-}
-
-/// Reads an error answer whole, or holds back the head of a stream until it shows output or a
-/// failure; a stream's head is put back in front of the rest, so nothing is lost.
-///
-/// An overflow whose words appear in what the client sent (`sent`) is not trusted to teach a
-/// window: the provider may be quoting the client's input back.
-async fn probe(
-    dialect: &dyn Dialect,
-    response: &mut UpstreamResponse,
-    sent: &[u8],
-) -> Result<Probe, ApiError> {
-    if !response.status.is_success() {
-        let body = response.read_body(ERROR_BODY_LIMIT).await?;
-        return Ok(Probe {
-            overflow: dialect
-                .overflow(response.status.as_u16(), &body)
-                .map(|o| o.unless_echoed(&body, sent)),
-            error_body: Some(body),
-        });
-    }
-    if !is_sse(&response.headers) {
-        return Ok(Probe::default());
-    }
-    let mut head = BytesMut::new();
-    let mut ended = None;
-    loop {
-        match response.body.next().await {
-            Some(Ok(chunk)) => head.extend_from_slice(&chunk),
-            Some(Err(e)) => {
-                ended = Some(e);
-                break;
-            }
-            None => break,
-        }
-        if head.len() >= STREAM_HEAD_LIMIT || !dialect.stream_head_undecided(&head) {
-            break;
-        }
-    }
-    let head = head.freeze();
-    let overflow = dialect
-        .overflow_in_stream(&head)
-        .map(|o| o.unless_echoed(&head, sent));
-    let rest = std::mem::replace(&mut response.body, Box::pin(futures::stream::empty()));
-    let tail: upstream::ByteStream = match ended {
-        Some(e) => Box::pin(futures::stream::once(async move { Err(e) })),
-        None => rest,
-    };
-    response.body = Box::pin(futures::stream::once(async move { Ok(head) }).chain(tail));
-    Ok(Probe {
-        overflow,
-        error_body: None,
-    })
-}
-
-fn is_sse(headers: &HeaderMap) -> bool {
-    headers
-        .get(http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/event-stream"))
 }
 
 /// The `x-compactor-*` headers that say what happened to a request.

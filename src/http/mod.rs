@@ -5,7 +5,8 @@
 //!   their token-counting endpoints), each naming its dialect and provider;
 //! - [`exchange`]: the path every compacting request takes, as one value carried through its
 //!   stages (read, parse, prepare, send, retry once after an overflow, respond) to one closing
-//!   phase that logs and counts; [`stream`] watches answers for `usage` on the way back;
+//!   phase that logs and counts; [`probe`] reads the start of an answer for an overflow,
+//!   [`stream`] watches answers for `usage` on the way back;
 //! - [`client_compaction`]: the compaction a Responses client asks for, when Compactor answers
 //!   it, and the items it minted coming back;
 //! - [`passthrough`]: everything else under `/v1/`;
@@ -25,6 +26,7 @@ pub mod log;
 pub mod parse_error_bodies;
 mod passthrough;
 pub mod path;
+mod probe;
 mod routes;
 mod status;
 pub mod stream;
