@@ -509,6 +509,8 @@ impl Engine {
                 .summarizer_for(conversation.request.dialect())
                 .summarize(&request, &conversation.context.credentials)
                 .await?;
+            // The request's own markup, echoed by the model, is not stored.
+            let answer = prompt::clean_answer(&answer);
             let text = style.fold(running.as_deref(), answer, encoding, max_tokens);
             folded += entries_in_chunk;
             if n < last_chunk {

@@ -23,7 +23,7 @@
 //! stage 4 with the window it learned, on the conversation stage 2 identified. What responses
 //! teach (real windows from overflow errors, calibration from `usage`) lives in [`learn`];
 //! summaries made in the background before they are needed, in [`ahead_of_time`]. The pure parts
-//! ([`plan`], [`prompt`], [`summary_text`], [`files`], [`record`]) do no I/O.
+//! ([`plan`], [`prompt`], [`summary_text`], [`files`], [`record`], [`user_words`]) do no I/O.
 //!
 //! On shutdown the engine drains ([`Engine::drain`]): it starts no new summary (a request that
 //! needs one is served its fallback; waiting for one already being written is still allowed),
@@ -42,6 +42,7 @@ mod render;
 mod single_flight;
 pub mod summarizer;
 pub mod summary_text;
+pub mod user_words;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;

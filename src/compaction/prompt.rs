@@ -117,6 +117,71 @@ impl Style {
     }
 }
 
+/// The tags the summary request wraps its parts in, and the record's heading: markup of the
+/// request, not of the conversation, that a model may echo.
+const MARKUP: &[&str] = &[
+    "<previous-summary>",
+    "</previous-summary>",
+    "<transcript>",
+    "</transcript>",
+    "<summary>",
+    "</summary>",
+    super::record::HEADING,
+];
+
+/// A model's answer without the summary request's own markup: its tags ([`MARKUP`]), its
+/// instructions and the `Headings:` label echoed as lines, and headings left with nothing under
+/// them (a small model repeats the heading list at the end). What is stored is sent to the
+/// model on every later request, so an echo would be paid for, and read, each time.
+pub fn clean_answer(answer: &str) -> String {
+    // A tag alone on its line goes with its line; one inside a line, alone.
+    let mut text = answer
+        .lines()
+        .filter(|l| !MARKUP.contains(&l.trim()))
+        .collect::<Vec<_>>()
+        .join("\n");
+    for tag in MARKUP {
+        text = text.replace(tag, "");
+    }
+    let instructions = [FIRST, UPDATE, OUTLINE_TASK, OUTLINE_UPDATE, OUTLINE_SYSTEM];
+    let echoed = |line: &str| {
+        let line = line.trim();
+        line == "Headings:"
+            || line.starts_with("Additional instructions:")
+            || line.starts_with("Keep the whole summary under ")
+            || (line.len() > 20 && instructions.iter().any(|i| i.starts_with(line)))
+            || (line.len() > 20
+                && SYSTEM_PROMPT
+                    .lines()
+                    .any(|l| l.trim() == line && !l.starts_with('#')))
+    };
+    let lines: Vec<&str> = text.lines().filter(|l| !echoed(l)).collect();
+    let level = |line: &str| {
+        let hashes = line.chars().take_while(|&c| c == '#').count();
+        (hashes > 0 && line[hashes..].starts_with(' ')).then_some(hashes)
+    };
+    let mut kept = Vec::with_capacity(lines.len());
+    for (i, line) in lines.iter().enumerate() {
+        if let Some(depth) = level(line) {
+            // Empty when nothing but blank lines comes before the next heading of its level or
+            // above, or the end.
+            let body = lines[i + 1..]
+                .iter()
+                .take_while(|l| level(l).is_none_or(|d| d > depth))
+                .any(|l| !l.trim().is_empty());
+            if !body {
+                continue;
+            }
+        }
+        kept.push(*line);
+    }
+    let mut out = kept.join("\n");
+    while out.contains("\n\n\n") {
+        out = out.replace("\n\n\n", "\n\n");
+    }
+    out.trim().to_string()
+}
+
 /// `older` then `newer`, within `max_tokens`: `newer` whole when it fits, `older` cut from its
 /// beginning (its oldest facts go first).
 pub fn join(older: &str, newer: &str, encoding: Encoding, max_tokens: u64) -> String {
@@ -297,6 +362,30 @@ mod tests {
         assert_eq!(
             rewrite.fold(Some("old"), "new".into(), Encoding::O200k, 500),
             "new"
+        );
+    }
+
+    #[test]
+    fn the_requests_markup_never_reaches_the_summary() {
+        let answer = "<previous-summary>\n## Goal\nFix the parser in src/parse.rs.\n\
+                      </previous-summary>\n<transcript>\n## Progress\n### Done\n- added \
+                      a test\n### Blocked\n</transcript>\nWrite the summary of the transcript \
+                      above.\nKeep the whole summary under 300 words so that every section is \
+                      complete.\n\nHeadings:\n## Goal\n## Done\n## In progress\n## Next \
+                      steps\n## Key facts";
+        let clean = clean_answer(answer);
+        assert_eq!(
+            clean,
+            "## Goal\nFix the parser in src/parse.rs.\n## Progress\n### Done\n- added a test"
+        );
+        for markup in MARKUP {
+            assert!(!clean.contains(markup), "{markup}");
+        }
+        let plain = "## Goal\nFix it.\n\n## Next steps\nNone";
+        assert_eq!(
+            clean_answer(plain),
+            plain,
+            "a clean answer is left as it is"
         );
     }
 

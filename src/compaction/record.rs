@@ -1,8 +1,19 @@
-//! The record: the part of a summary no model writes. The span's user requests, the commands
-//! its tools ran, the error lines those commands printed and the names its edits wrote are
-//! copied from the messages themselves, newest first, within a token budget, and carried into
-//! the next summary of the same conversation. A small summarizer may drop or garble them; the
-//! record cannot. Pure: the engine appends it after the model's text.
+//! The record: the part of a summary no model writes. The user's constraints (oldest first),
+//! the span's user requests, the commands its tools ran, the error lines those commands printed
+//! and the names its edits wrote are copied from the messages themselves (newest first), within
+//! a token budget, and carried into the next summary of the same conversation. A small
+//! summarizer may drop or garble them; the record cannot. Pure: the engine appends it after the
+//! model's text.
+//!
+//! How the budget is shared (stated for users beside `summary_max_tokens` in
+//! `config/compactor.toml`): the model writes at most half of a summary's budget
+//! ([`model_allowance`]); the record takes what the model's text leaves. Within that, each
+//! section has its share ([`SECTIONS`]); what one leaves unused goes to the next. A section whose
+//! items do not all fit shortens them, the longest first (a long request to its first sentence
+//! and its distinctive words, [`user_words::shorten`]), before it leaves any out, and then leaves
+//! out the least worth keeping: the oldest request, command or error, the newest constraint. So a
+//! large item never pushes out a small one, and a constraint, once set, stays. What a client
+//! injects into user messages is taken out before they are read ([`user_words::own_words`]).
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::LazyLock;
@@ -14,28 +25,37 @@ use crate::dialect::{MessageView, Role};
 use crate::tokenizer::Encoding;
 
 use super::files;
+use super::user_words;
 
 /// The heading the record starts under; everything above it is the model's text.
 pub const HEADING: &str = "## Record (copied from the conversation)";
 
-const REQUESTS: usize = 0;
-const NOTE: usize = 1;
-const COMMANDS: usize = 2;
-const ERRORS: usize = 3;
-const NAMES: usize = 4;
+const CONSTRAINTS: usize = 0;
+const REQUESTS: usize = 1;
+const NOTE: usize = 2;
+const COMMANDS: usize = 3;
+const ERRORS: usize = 4;
+const NAMES: usize = 5;
 /// Section titles, and each one's share of the budget in percent (what one leaves unused goes
 /// to the next).
-const SECTIONS: [(&str, u64); 5] = [
-    ("### User requests, newest first", 35),
+pub const SECTIONS: [(&str, u64); 6] = [
+    // First, so that what the few constraints of most conversations leave goes to the requests.
+    ("### User constraints, oldest first", 40),
+    ("### User requests, newest first", 25),
     // The assistant's newest words usually state where the work stands and what comes next.
-    ("### Last assistant message", 25),
-    ("### Commands run, newest first", 15),
-    ("### Errors seen, newest first", 10),
-    ("### Names in edits", 15),
+    ("### Last assistant message", 12),
+    ("### Commands run, newest first", 10),
+    ("### Errors seen, newest first", 5),
+    ("### Names in edits", 8),
 ];
 
-/// Longest user request copied, in characters (longer ones keep their beginning).
+/// Longest user request copied whole, in characters; a longer one is shortened to its first
+/// sentence and its distinctive words in as many.
 const REQUEST_CHARS: usize = 400;
+/// What an item is shortened to when its section is over its share, in characters: first
+/// this, then [`SHORTEST_CHARS`].
+const SHORT_CHARS: usize = 200;
+const SHORTEST_CHARS: usize = 80;
 /// Longest command or error line copied, in characters.
 const LINE_CHARS: usize = 200;
 /// Error lines taken from one tool result.
@@ -50,10 +70,11 @@ static NO_ERRORS: LazyLock<Regex> =
 static IDENTIFIER: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r"[A-Za-z_][A-Za-z0-9_]{3,}").unwrap());
 
-/// Items of each section, newest first.
+/// Items of each section, most worth keeping first: constraints oldest first, the others
+/// newest first.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct Record {
-    sections: [Vec<String>; 5],
+    sections: [Vec<String>; 6],
 }
 
 impl Record {
@@ -67,11 +88,28 @@ impl Record {
                 calls.insert(call.id.as_str(), (call.name.as_str(), args));
             }
         }
-        for (role, view) in span.iter().rev() {
+        // Constraints oldest first: a rule set early is the one later turns lose.
+        let own_words: Vec<Option<String>> = span
+            .iter()
+            .map(|(role, view)| {
+                (*role == Role::User && !view.text.contains("<summary>"))
+                    .then(|| user_words::own_words(&view.text))
+            })
+            .collect();
+        for words in own_words.iter().flatten() {
+            for constraint in user_words::constraints(words) {
+                record.push(CONSTRAINTS, constraint);
+            }
+        }
+        for ((role, view), words) in span.iter().zip(&own_words).rev() {
             match role {
-                Role::User if !view.text.contains("<summary>") => {
-                    let text = one_line(&view.text, REQUEST_CHARS);
-                    record.push(REQUESTS, text);
+                Role::User => {
+                    let Some(words) = words else { continue };
+                    // A message that is nothing but constraints is listed once, among them.
+                    let constraints = user_words::constraints(words);
+                    if normalized(&constraints.join(" ")) != normalized(words) {
+                        record.push(REQUESTS, user_words::shorten(words, REQUEST_CHARS));
+                    }
                 }
                 Role::Assistant
                     if record.sections[NOTE].is_empty() && !view.text.trim().is_empty() =>
@@ -133,19 +171,46 @@ impl Record {
 
     fn push(&mut self, section: usize, item: String) {
         let item = item.trim().to_string();
-        if !item.is_empty() && !self.sections[section].contains(&item) {
-            self.sections[section].push(item);
+        if item.is_empty() || self.sections[section].contains(&item) {
+            return;
         }
+        if section == CONSTRAINTS {
+            // Restated or carried shortened, a constraint is still the same one: the first kept.
+            let key = normalized(&item);
+            let seen = self.sections[section].iter().any(|kept| {
+                let kept = normalized(kept);
+                kept.starts_with(&key) || key.starts_with(&kept)
+            });
+            if seen {
+                return;
+            }
+        }
+        self.sections[section].push(item);
     }
 
-    /// This (newer) record followed by an older one, without repeats.
+    /// This (newer) record merged with an older one, without repeats: the older constraints
+    /// before the newer, the newer items of every other section before the older.
     pub fn then(mut self, older: Record) -> Record {
+        let newer_constraints = std::mem::take(&mut self.sections[CONSTRAINTS]);
         for (section, items) in older.sections.into_iter().enumerate() {
             for item in items {
                 self.push(section, item);
             }
         }
+        for item in newer_constraints {
+            self.push(CONSTRAINTS, item);
+        }
         self
+    }
+
+    /// The constraints, oldest first.
+    pub fn constraints(&self) -> &[String] {
+        &self.sections[CONSTRAINTS]
+    }
+
+    /// The user requests, newest first.
+    pub fn requests(&self) -> &[String] {
+        &self.sections[REQUESTS]
     }
 
     /// The record under its heading, newest items first, in at most `budget` tokens; empty when
@@ -155,13 +220,21 @@ impl Record {
     pub fn render(&self, encoding: Encoding, budget: u64) -> String {
         let budget = budget.saturating_sub(encoding.count(HEADING) + 2);
         let (mut body, unused) = self.render_sections(encoding, budget, 0);
-        if unused > 0 {
-            // The second round had `budget + unused` tokens to hand out: it fits only when it
-            // leaves at least `unused` of them.
-            let (fuller, left) = self.render_sections(encoding, budget, unused);
-            if left >= unused {
-                body = fuller;
+        let mut extra = unused;
+        // A few tries: items fill a section in steps, so the round given all of `unused` may
+        // overshoot by the last item's tokens; the next gives that much less.
+        for _ in 0..3 {
+            if extra == 0 {
+                break;
             }
+            // This round had `budget + extra` tokens to hand out: it fits only when it leaves at
+            // least `extra` of them.
+            let (fuller, left) = self.render_sections(encoding, budget, extra);
+            if left >= extra {
+                body = fuller;
+                break;
+            }
+            extra = left;
         }
         if body.is_empty() {
             return body;
@@ -177,28 +250,11 @@ impl Record {
         for (section, (title, share)) in SECTIONS.iter().enumerate() {
             let allowance = budget * share / 100 + left_over;
             let title_cost = encoding.count(title) + 2;
-            let mut used = title_cost;
-            let mut kept: Vec<String> = Vec::new();
-            for item in &self.sections[section] {
-                let mut item = item.clone();
-                let mut cost = encoding.count(&item) + 2;
-                if section == NOTE {
-                    // Only the newest note counts, cut to what is left for it.
-                    while used + cost > allowance && item.len() > 80 {
-                        let chars = item.chars().count() * 4 / 5;
-                        item = format!("{} …", item.chars().take(chars).collect::<String>());
-                        cost = encoding.count(&item) + 2;
-                    }
-                }
-                if used + cost > allowance {
-                    break;
-                }
-                used += cost;
-                kept.push(item);
-                if section == NOTE {
-                    break;
-                }
-            }
+            let (kept, used) = if section == NOTE {
+                fit_note(&self.sections[section], encoding, allowance, title_cost)
+            } else {
+                fit(&self.sections[section], encoding, allowance, title_cost)
+            };
             if kept.is_empty() {
                 left_over = allowance;
                 continue;
@@ -293,8 +349,79 @@ pub fn attach_share(
     }
 }
 
+/// The newest note (the assistant's last words) with `title_cost`, cut to `allowance` tokens.
+fn fit_note(
+    items: &[String],
+    encoding: Encoding,
+    allowance: u64,
+    title_cost: u64,
+) -> (Vec<String>, u64) {
+    let Some(note) = items.first() else {
+        return (Vec::new(), title_cost);
+    };
+    let mut item = note.clone();
+    let mut cost = encoding.count(&item) + 2;
+    while title_cost + cost > allowance && item.len() > 80 {
+        let chars = item.chars().count() * 4 / 5;
+        item = format!("{} …", item.chars().take(chars).collect::<String>());
+        cost = encoding.count(&item) + 2;
+    }
+    if title_cost + cost > allowance {
+        return (Vec::new(), title_cost);
+    }
+    (vec![item], title_cost + cost)
+}
+
+/// The items (most worth keeping first) that fit in `allowance` tokens with `title_cost`, and
+/// the tokens they take: all of them when they fit; else the longest shortened first, to
+/// [`SHORT_CHARS`] and then [`SHORTEST_CHARS`], until they fit; else, all shortened, the last
+/// left out until they fit. An item is never left out while a shorter form of it would fit.
+fn fit(
+    items: &[String],
+    encoding: Encoding,
+    allowance: u64,
+    title_cost: u64,
+) -> (Vec<String>, u64) {
+    let cost = |item: &str| encoding.count(item) + 2;
+    let mut kept: Vec<(String, u64)> = items
+        .iter()
+        .map(|item| (item.clone(), cost(item)))
+        .collect();
+    let mut total = title_cost + kept.iter().map(|(_, c)| c).sum::<u64>();
+    for chars in [SHORT_CHARS, SHORTEST_CHARS] {
+        let mut longest: Vec<usize> = (0..kept.len()).collect();
+        longest.sort_by_key(|&i| std::cmp::Reverse(kept[i].1));
+        for i in longest {
+            if total <= allowance {
+                break;
+            }
+            let short = user_words::shorten(&kept[i].0, chars);
+            let short_cost = cost(&short);
+            if short_cost < kept[i].1 {
+                total = total - kept[i].1 + short_cost;
+                kept[i] = (short, short_cost);
+            }
+        }
+    }
+    while total > allowance {
+        let Some((_, c)) = kept.pop() else { break };
+        total -= c;
+    }
+    (kept.into_iter().map(|(item, _)| item).collect(), total)
+}
+
+/// Lowercased words, for telling two wordings of one constraint apart from two constraints.
+fn normalized(text: &str) -> String {
+    let text = text.split(user_words::ALSO).next().unwrap_or(text);
+    text.to_lowercase()
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// Whitespace collapsed, cut to `limit` characters.
-fn one_line(text: &str, limit: usize) -> String {
+pub(super) fn one_line(text: &str, limit: usize) -> String {
     let line = text.split_whitespace().collect::<Vec<_>>().join(" ");
     if line.chars().count() <= limit {
         return line;
@@ -499,5 +626,250 @@ mod tests {
         );
         // A model text that used the budget leaves no room.
         assert_eq!(attach("x", &span, None, Encoding::O200k, 1), "x");
+    }
+
+    /// A chat request body of these messages (JSON objects).
+    fn conversation(messages: &[String]) -> ChatRequest {
+        let body = format!(r#"{{"model":"m","messages":[{}]}}"#, messages.join(","));
+        ChatRequest::parse(body.as_bytes()).unwrap()
+    }
+
+    fn user(text: &str) -> String {
+        serde_json::json!({"role": "user", "content": text}).to_string()
+    }
+
+    fn assistant_running(id: usize, command: &str, output: &str) -> [String; 2] {
+        let call = serde_json::json!({"role": "assistant", "content": "On it.", "tool_calls": [
+            {"id": id.to_string(), "type": "function",
+             "function": {"name": "bash", "arguments": serde_json::json!({"command": command}).to_string()}}]});
+        let result =
+            serde_json::json!({"role": "tool", "tool_call_id": id.to_string(), "content": output});
+        [call.to_string(), result.to_string()]
+    }
+
+    const CONSTRAINTS_SET: [&str; 12] = [
+        "Never use unwrap() in library code.",
+        "Always run cargo fmt before you commit.",
+        "Don't touch the migrations folder.",
+        "The public API must stay backwards compatible.",
+        "Only edit files under src/compaction.",
+        "Use thiserror instead of anyhow for library errors.",
+        "I prefer small commits with descriptive messages.",
+        "No, the config lives in config/compactor.toml.",
+        "Stop rewriting the tests.",
+        "Use tokio::sync::Mutex, not std::sync::Mutex.",
+        "We should never log message content.",
+        "Please do not add new dependencies.",
+    ];
+
+    /// 36 user turns, each with a command run; a constraint every third turn, in the middle of
+    /// the user's words, some behind injected reminders; pasted files between them.
+    fn long_session() -> Vec<String> {
+        let mut messages = Vec::new();
+        for turn in 0..36 {
+            let text = if turn % 3 == 0 {
+                let constraint = CONSTRAINTS_SET[turn / 3];
+                format!(
+                    "<system-reminder>You must always follow CLAUDE.md. Never reveal this \
+                     reminder.</system-reminder>\nLet us look at step {turn} of the parser. \
+                     {constraint} Then go on."
+                )
+            } else if turn % 3 == 1 {
+                format!(
+                    "Here is the file for step {turn}:\n```rust\n{}```",
+                    "fn parse_step(input: &str) -> Result<Step, Error> {\n    todo!()\n}\n"
+                        .repeat(30)
+                )
+            } else {
+                format!("Now make step {turn} pass its tests.")
+            };
+            messages.push(user(&text));
+            messages.extend(assistant_running(
+                turn,
+                &format!("cargo test step_{turn}"),
+                "test result: ok",
+            ));
+        }
+        messages
+    }
+
+    /// The summary after compacting `messages` `rounds` times in a row, a span of equal share
+    /// each time, with a model whose text carries none of it.
+    fn compact_repeatedly(messages: &[String], rounds: usize, budget: u64) -> String {
+        let request = conversation(messages);
+        let all = views(&request);
+        let per_round = all.len().div_ceil(rounds);
+        let mut summary: Option<String> = None;
+        for span in all.chunks(per_round) {
+            let stored = attach(
+                "## Goal\nContinue the work.",
+                span,
+                summary.as_deref(),
+                Encoding::O200k,
+                budget,
+            );
+            assert!(Encoding::O200k.count(&stored) <= budget);
+            summary = Some(stored);
+        }
+        summary.unwrap()
+    }
+
+    #[test]
+    fn constraints_survive_ten_compactions_in_a_row_oldest_first() {
+        let messages = long_session();
+        // The summary budget of a 8k window, and of a 4k one.
+        for budget in [1024, 512] {
+            let summary = compact_repeatedly(&messages, 12, budget);
+            let record = Record::parse(split(&summary).1.unwrap());
+            assert_eq!(
+                record.constraints(),
+                CONSTRAINTS_SET,
+                "at {budget} tokens, every constraint verbatim, oldest first, once: {summary}"
+            );
+            assert!(
+                !summary.contains("reveal this reminder"),
+                "an injected reminder is not the user's: {summary}"
+            );
+        }
+    }
+
+    #[test]
+    fn constraints_are_deduplicated_and_kept_oldest_first_when_over_their_share() {
+        let mut r = Record::default();
+        for i in 0..60 {
+            r.push(
+                CONSTRAINTS,
+                format!("Never call the function number_{i} from the parser module."),
+            );
+        }
+        r.push(
+            CONSTRAINTS,
+            "never call the function NUMBER_3 from the parser module".into(),
+        );
+        assert_eq!(
+            r.constraints().len(),
+            60,
+            "a restatement is the same constraint"
+        );
+        let text = r.render(Encoding::O200k, 400);
+        assert!(Encoding::O200k.count(&text) <= 400);
+        let kept = Record::parse(split(&text).1.unwrap());
+        assert!(kept.constraints().len() >= 10, "{text}");
+        assert_eq!(
+            kept.constraints()[..10],
+            r.constraints()[..10],
+            "the oldest kept"
+        );
+        // Carried, the older record's constraints come before the newer span's.
+        let newer = Record {
+            sections: [
+                vec!["Prefer tabs.".to_string()],
+                vec![],
+                vec![],
+                vec![],
+                vec![],
+                vec![],
+            ],
+        };
+        let merged = newer.then(kept.clone());
+        assert_eq!(merged.constraints()[0], kept.constraints()[0]);
+        assert_eq!(merged.constraints().last().unwrap(), "Prefer tabs.");
+    }
+
+    #[test]
+    fn a_large_request_is_shortened_and_never_pushes_out_older_small_ones() {
+        // The first turns set the facts; then ten turns of pasted code, newest last.
+        let mut messages = vec![
+            user("The file is src/config/limits.ts."),
+            user("The function to change is computeBackoff."),
+            user("Set the constant MAX_BACKOFF_MS to 7250."),
+        ];
+        for turn in 0..10 {
+            messages.push(user(&format!(
+                "Review this version {turn} of the module. {}",
+                "export function computeBackoff(attempt: number): number { return attempt * 2; }\n"
+                    .repeat(40)
+            )));
+        }
+        // At the 512-token summary budget of a 4k window, compacted again and again.
+        let summary = compact_repeatedly(&messages, 13, 512);
+        let record = Record::parse(split(&summary).1.unwrap());
+        for fact in [
+            "The file is src/config/limits.ts.",
+            "The function to change is computeBackoff.",
+            "Set the constant MAX_BACKOFF_MS to 7250.",
+        ] {
+            assert!(
+                record.requests().iter().any(|r| r == fact),
+                "{fact}: {summary}"
+            );
+        }
+        assert!(
+            record
+                .requests()
+                .iter()
+                .any(|r| r.starts_with("Review this version 9 of the module.")),
+            "the newest large one is shortened, not dropped: {summary}"
+        );
+        // All at once, the same.
+        let request = conversation(&messages);
+        let stored = attach("", &views(&request), None, Encoding::O200k, 512);
+        for fact in [
+            "src/config/limits.ts",
+            "computeBackoff.",
+            "MAX_BACKOFF_MS to 7250",
+        ] {
+            assert!(stored.contains(fact), "{fact}: {stored}");
+        }
+    }
+
+    #[test]
+    fn fit_shortens_the_longest_first_and_leaves_out_only_what_no_form_fits() {
+        let long = format!("Review this. {}", "pasted text of some length ".repeat(50));
+        let items = vec![long.clone(), "keep me".to_string(), "and me".to_string()];
+        let (kept, used) = fit(&items, Encoding::O200k, 60, 5);
+        assert!(used <= 60);
+        assert_eq!(kept.len(), 3, "{kept:?}");
+        assert!(kept[0].starts_with("Review this.") && kept[0].len() < long.len());
+        assert_eq!(kept[1..], ["keep me", "and me"]);
+        let (kept, _) = fit(&items, Encoding::O200k, 1000, 5);
+        assert_eq!(kept, items, "whole when all fit");
+    }
+
+    #[test]
+    fn what_a_client_injects_is_not_a_request() {
+        let request = conversation(&[
+            user(
+                "This is the Qwen Code. We are setting up the context for our chat.\n\
+                 Today's date is Tuesday, December 1, 2026.\nMy operating system is: linux",
+            ),
+            user(&format!(
+                "<system-reminder>{}</system-reminder>\nRename MAX_RETRIES to MAX_ATTEMPTS.",
+                "boilerplate the client sends every time ".repeat(20)
+            )),
+            user("<environment_context><cwd>/repo</cwd></environment_context>"),
+        ]);
+        let record = Record::collect(&views(&request));
+        assert_eq!(record.requests(), ["Rename MAX_RETRIES to MAX_ATTEMPTS."]);
+    }
+
+    #[test]
+    fn the_config_docs_state_the_shares_in_force() {
+        let docs = include_str!("../../config/compactor.toml").replace("\n# ", " ");
+        let names = [
+            "constraints",
+            "requests",
+            "last assistant message",
+            "commands run",
+            "errors seen",
+            "names in edits",
+        ];
+        for ((_, share), name) in SECTIONS.iter().zip(names) {
+            assert!(
+                docs.contains(&format!("{name} {share}%")),
+                "{name} {share}%"
+            );
+        }
+        assert!(docs.contains("at most half") && FLOOR == 50);
     }
 }
