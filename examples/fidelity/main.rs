@@ -24,7 +24,7 @@ use compactor::compaction::prompt::{self, Style};
 use compactor::compaction::{files::FileOps, record, summary_text};
 use compactor::dialect::chat::request::{ChatRequest, Message};
 use compactor::dialect::chat::{transcript, Chat};
-use compactor::dialect::{Dialect, SummaryRequest};
+use compactor::dialect::{Dialect, MessageView, Role, SummaryRequest};
 use compactor::measure::Meter;
 use compactor::tokenizer::Encoding;
 use score::{Score, Share, SpanFacts};
@@ -79,6 +79,11 @@ struct Args {
     /// Name of the variant measured, for the results.
     #[arg(long, default_value = "current")]
     label: String,
+    /// Also score the record after the span is compacted this many times in a row (the span cut
+    /// into as many consecutive parts at user messages, each folded into the previous summary
+    /// with a model text that carries nothing): what code alone carries across compactions.
+    #[arg(long, default_value_t = 0)]
+    repeat: usize,
     /// Score the reference summaries only; no model is asked.
     #[arg(long)]
     no_model: bool,
@@ -219,13 +224,22 @@ async fn run(args: &Args) -> Result<(), String> {
         // What no model can lose: the file lists (before the record existed), then the record
         // and the file lists, without any model text.
         let mut variants = vec![
-            ("file lists only", String::new(), None),
+            ("files", "file lists only", String::new(), None),
             (
+                "record",
                 "record + file lists only",
                 record::attach_share("", &views, None, room),
                 None,
             ),
         ];
+        if args.repeat > 1 {
+            variants.push((
+                "repeated",
+                "record after repeated compactions",
+                compact_repeatedly(&views, args.repeat, room),
+                None,
+            ));
+        }
         let answer = match &args.model_texts {
             Some(label) => Some((saved_model_text(args, label, &name)?, None)),
             None if !args.no_model => {
@@ -238,12 +252,15 @@ async fn run(args: &Args) -> Result<(), String> {
         if let Some((model_text, seconds)) = answer {
             // What the proxy stores: the model's text, then the record.
             let stored = record::attach_share(&model_text, &views, None, room);
-            variants.push(("ours, model text + file lists", model_text, seconds));
-            variants.push(("ours, as stored (+ record)", stored, seconds));
+            variants.push((
+                "model",
+                "ours, model text + file lists",
+                model_text,
+                seconds,
+            ));
+            variants.push(("stored", "ours, as stored (+ record)", stored, seconds));
         }
-        for (slug, (who, text, seconds)) in
-            ["files", "record", "model", "stored"].iter().zip(variants)
-        {
+        for (slug, who, text, seconds) in variants {
             let summary = summary_text::summary_text(&text, &read, &modified);
             if let Some(dir) = &args.summaries {
                 let _ = std::fs::create_dir_all(dir);
@@ -267,6 +284,30 @@ async fn run(args: &Args) -> Result<(), String> {
         append_results(out, args, &settings, &table, &missing)?;
     }
     Ok(())
+}
+
+/// The summary after `views` is compacted `times` times in a row: cut into as many parts of
+/// about equal length, each starting at a user message, each folded into the summary before it
+/// with no model text.
+fn compact_repeatedly(
+    views: &[(Role, MessageView)],
+    times: usize,
+    room: record::RecordRoom,
+) -> String {
+    let per_part = views.len().div_ceil(times).max(1);
+    let mut starts = vec![0];
+    for (i, (role, _)) in views.iter().enumerate() {
+        if *role == Role::User && i >= starts.last().unwrap() + per_part {
+            starts.push(i);
+        }
+    }
+    starts.push(views.len());
+    let mut summary: Option<String> = None;
+    for part in starts.windows(2) {
+        let span = &views[part[0]..part[1]];
+        summary = Some(record::attach_share("", span, summary.as_deref(), room));
+    }
+    summary.unwrap_or_default()
 }
 
 /// The model's text in the summary an earlier run (`label`) saved for conversation `name`.
@@ -348,7 +389,8 @@ async fn summarize_span(
         if !status.is_success() {
             return Err(format!("summarizer answered {status}"));
         }
-        let answer = transcript::read_answer(&bytes).map_err(|e| e.to_string())?;
+        let answer =
+            prompt::clean_answer(&transcript::read_answer(&bytes).map_err(|e| e.to_string())?);
         eprintln!(
             "fidelity: chunk {}/{count} ({} tokens) summarized in {:.0} s",
             n + 1,
