@@ -8,7 +8,8 @@
 //! How the budget is shared (stated for users beside `summary_max_tokens` in
 //! `config/compactor.toml`): the model writes at most half of a summary's budget
 //! ([`model_allowance`]); the record takes what the model's text leaves. Within that, each
-//! section has its share ([`SECTIONS`]); what one leaves unused goes to the next. A section whose
+//! section has its share ([`SECTIONS`]); what one leaves unused is shared among those after it by
+//! their shares, and what all leave goes round once more. A section whose
 //! items do not all fit shortens them, the longest first (a long request to its first sentence
 //! and its distinctive words, [`user_words::shorten`]), before it leaves any out, and then leaves
 //! out the least worth keeping: the oldest request, command or error, the newest constraint. So a
@@ -56,6 +57,8 @@ const REQUEST_CHARS: usize = 400;
 /// this, then [`SHORTEST_CHARS`].
 const SHORT_CHARS: usize = 200;
 const SHORTEST_CHARS: usize = 80;
+/// What a command or an error line is cut to when its section is over its share.
+const CUT_LINE_CHARS: usize = 120;
 /// Longest command or error line copied, in characters.
 const LINE_CHARS: usize = 200;
 /// Error lines taken from one tool result.
@@ -214,9 +217,9 @@ impl Record {
     }
 
     /// The record under its heading, newest items first, in at most `budget` tokens; empty when
-    /// nothing fits. Each section has its share of the budget; what one leaves goes to the next,
-    /// and what all leave goes round once more from the first, so a record of one kind of item
-    /// still fills the budget.
+    /// nothing fits. Each section has its share of the budget; what one leaves goes to those after
+    /// it, and what all leave goes round once more, so a record of one kind of item still fills
+    /// the budget.
     pub fn render(&self, encoding: Encoding, budget: u64) -> String {
         let budget = budget.saturating_sub(encoding.count(HEADING) + 2);
         let (mut body, unused) = self.render_sections(encoding, budget, 0);
@@ -242,24 +245,45 @@ impl Record {
         format!("{HEADING}\n\n{}", body.trim_end())
     }
 
-    /// The sections in `budget` tokens, the first given `extra` tokens besides its share; with
-    /// the tokens left unused.
+    /// The sections in `budget` tokens, with `extra` tokens besides their shares; with the
+    /// tokens left unused. What a section leaves is shared among the sections after it that have
+    /// items, by their shares, so that the constraints most conversations barely use do not all
+    /// go to the requests.
     fn render_sections(&self, encoding: Encoding, budget: u64, extra: u64) -> (String, u64) {
         let mut body = String::new();
         let mut left_over = extra;
+        let weight = |section: usize| {
+            let share = SECTIONS[section].1;
+            if self.sections[section].is_empty() {
+                0
+            } else {
+                share
+            }
+        };
+        let mut weights_left: u64 = (0..SECTIONS.len()).map(weight).sum();
         for (section, (title, share)) in SECTIONS.iter().enumerate() {
-            let allowance = budget * share / 100 + left_over;
+            // The last section with items takes all that is left over.
+            let passed = left_over * weight(section) / weights_left.max(1);
+            weights_left -= weight(section);
+            left_over -= passed;
+            let allowance = budget * share / 100 + passed;
             let title_cost = encoding.count(title) + 2;
             let (kept, used) = if section == NOTE {
                 fit_note(&self.sections[section], encoding, allowance, title_cost)
             } else {
-                fit(&self.sections[section], encoding, allowance, title_cost)
+                fit(
+                    &self.sections[section],
+                    section,
+                    encoding,
+                    allowance,
+                    title_cost,
+                )
             };
             if kept.is_empty() {
-                left_over = allowance;
+                left_over += allowance;
                 continue;
             }
-            left_over = allowance - used;
+            left_over += allowance - used;
             body.push_str(title);
             body.push('\n');
             if section == NAMES {
@@ -372,12 +396,26 @@ fn fit_note(
     (vec![item], title_cost + cost)
 }
 
-/// The items (most worth keeping first) that fit in `allowance` tokens with `title_cost`, and
-/// the tokens they take: all of them when they fit; else the longest shortened first, to
-/// [`SHORT_CHARS`] and then [`SHORTEST_CHARS`], until they fit; else, all shortened, the last
+/// A shorter form of an item of `section`, at `level` (0, then 1), when it has one: the user's
+/// words keep their first sentences and distinctive words; a command or an error line keeps its
+/// beginning, where what ran and what failed are named, and only once, since a probe asks for
+/// them exactly; a name is as short as it gets.
+fn shorter(section: usize, level: usize, item: &str) -> Option<String> {
+    match (section, level) {
+        (CONSTRAINTS | REQUESTS, 0) => Some(user_words::shorten(item, SHORT_CHARS)),
+        (CONSTRAINTS | REQUESTS, 1) => Some(user_words::shorten(item, SHORTEST_CHARS)),
+        (COMMANDS | ERRORS, 0) => Some(one_line(item, CUT_LINE_CHARS)),
+        _ => None,
+    }
+}
+
+/// The items of `section` (most worth keeping first) that fit in `allowance` tokens with
+/// `title_cost`, and the tokens they take: all of them when they fit; else the longest
+/// shortened first ([`shorter`], level by level) until they fit; else, all shortened, the last
 /// left out until they fit. An item is never left out while a shorter form of it would fit.
 fn fit(
     items: &[String],
+    section: usize,
     encoding: Encoding,
     allowance: u64,
     title_cost: u64,
@@ -388,14 +426,16 @@ fn fit(
         .map(|item| (item.clone(), cost(item)))
         .collect();
     let mut total = title_cost + kept.iter().map(|(_, c)| c).sum::<u64>();
-    for chars in [SHORT_CHARS, SHORTEST_CHARS] {
+    for level in 0..2 {
         let mut longest: Vec<usize> = (0..kept.len()).collect();
         longest.sort_by_key(|&i| std::cmp::Reverse(kept[i].1));
         for i in longest {
             if total <= allowance {
                 break;
             }
-            let short = user_words::shorten(&kept[i].0, chars);
+            let Some(short) = shorter(section, level, &kept[i].0) else {
+                continue;
+            };
             let short_cost = cost(&short);
             if short_cost < kept[i].1 {
                 total = total - kept[i].1 + short_cost;
@@ -827,12 +867,12 @@ mod tests {
     fn fit_shortens_the_longest_first_and_leaves_out_only_what_no_form_fits() {
         let long = format!("Review this. {}", "pasted text of some length ".repeat(50));
         let items = vec![long.clone(), "keep me".to_string(), "and me".to_string()];
-        let (kept, used) = fit(&items, Encoding::O200k, 60, 5);
+        let (kept, used) = fit(&items, REQUESTS, Encoding::O200k, 60, 5);
         assert!(used <= 60);
         assert_eq!(kept.len(), 3, "{kept:?}");
         assert!(kept[0].starts_with("Review this.") && kept[0].len() < long.len());
         assert_eq!(kept[1..], ["keep me", "and me"]);
-        let (kept, _) = fit(&items, Encoding::O200k, 1000, 5);
+        let (kept, _) = fit(&items, REQUESTS, Encoding::O200k, 1000, 5);
         assert_eq!(kept, items, "whole when all fit");
     }
 

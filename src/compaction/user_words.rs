@@ -66,15 +66,17 @@ static IMPERATIVE: LazyLock<Regex> = LazyLock::new(|| {
 const LEAD_INS: &[&str] = &[
     "please", "and", "also", "but", "so", "then", "just", "now", "again", "ok", "okay", "and,",
 ];
-/// Binding wherever they stand: obligations, wishes about the work, preferences.
+/// Binding wherever they stand: obligations, prohibitions, preferences. Not "we need to …" or
+/// "I want you to …": those ask for work, they set no rule for it.
 static BINDING: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(
         r"(?ix)
         \b(must|mustn'?t|must\ not)\b
-        | \b(you|we)\ (should|shouldn'?t|should\ not|need\ to|have\ to|can'?t|cannot|may\ not|are\ not\ allowed\ to)\b
+        | \byou\ (should|shouldn'?t|should\ not|can'?t|cannot|may\ not|are\ not\ allowed\ to)\b
+        | \bwe\ (shouldn'?t|should\ not|can'?t|cannot|may\ not|are\ not\ allowed\ to)\b
         | \b(you|we|should|will|to)\ (always|never)\b
         | \b(i|we)\ (don'?t|do\ not|never)\ want\b
-        | \b(i|we)\ (would\ )?(prefer|want\ you\ to|need\ you\ to)\b
+        | \b(i|we)\ (would\ )?prefer\b
         | \bprefer(ably|red)?\b
         | \b(use|call|write|return|keep|pick|choose|do)\b[^.]{0,60}\binstead\b
         | \binstead\ of\b[^.]{0,60},\ (use|call|write|return|keep|do)\b
@@ -187,9 +189,10 @@ fn sentences(line: &str) -> Vec<&str> {
 /// Marks the distinctive words a shortened text keeps after its first sentence.
 pub const ALSO: &str = " … (also: ";
 
-/// `text` in at most about `chars` characters: whole when it fits; otherwise its first sentence
-/// (cut to two thirds of `chars`) and, in what is left, the distinctive words of the rest (paths,
-/// names with `_`, inner capitals or digits, numbers, flags), in order, each once.
+/// `text` in at most about `chars` characters: whole when it fits; otherwise its first sentence,
+/// and the next ones of its first paragraph while they fit two thirds of `chars` (the first cut
+/// to that), and, in what is left, the distinctive words of the rest (paths, names with `_`,
+/// inner capitals or digits, numbers, flags), in order, each once.
 pub fn shorten(text: &str, chars: usize) -> String {
     let text = text.trim();
     let collapsed = super::record::one_line(text, usize::MAX);
@@ -200,11 +203,21 @@ pub fn shorten(text: &str, chars: usize) -> String {
     let (head, rest) = match text.split_once(ALSO) {
         Some((head, rest)) => (head.trim_end_matches(" …"), rest),
         None => {
-            // The first sentence of the first line, before any code it opens.
-            let line = text.lines().next().unwrap_or(text);
-            let first = sentences(line).first().copied().unwrap_or(line);
-            let first = first.split("```").next().unwrap_or(first).trim_end();
-            (first, &text[first.len()..])
+            // The first sentences of the first paragraph that fit two thirds of `chars` (at
+            // least the first), before any code they open.
+            let paragraph = text.split("\n\n").next().unwrap_or(text);
+            let paragraph = paragraph.split("```").next().unwrap_or(paragraph);
+            let mut end = 0;
+            for sentence in sentences(paragraph) {
+                let next =
+                    sentence.as_ptr() as usize - paragraph.as_ptr() as usize + sentence.len();
+                if end > 0 && paragraph[..next].chars().count() > chars * 2 / 3 {
+                    break;
+                }
+                end = next;
+            }
+            let head = paragraph[..end].trim_end();
+            (head, &text[head.len()..])
         }
     };
     let head = super::record::one_line(head, chars * 2 / 3);
@@ -318,6 +331,9 @@ mod tests {
             "Here is the log:",
             "Thanks, that looks good.",
             "I don't know why the build is slow.",
+            "We need to fix the tui test sources.",
+            "I want you to do a deep analysis, then provide me with a plan.",
+            "Then we should be good to go for a new release.",
             "error: you must specify a target",
             "    if x.is_none() { return; } // never happens",
             "Nothing else.",
