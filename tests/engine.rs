@@ -29,6 +29,8 @@ enum Behaviour {
     Answer {
         delay: Duration,
     },
+    /// Answers a short summary wrapped in the summary request's own markup, as small models do.
+    Echoing,
     /// Answers a summary longer than anything it replaces.
     Bloated,
     Fail,
@@ -88,6 +90,10 @@ impl Summarizer for Canned {
                 tokio::time::sleep(delay).await;
                 Ok(format!("## Goal\nsummary number {n}"))
             }
+            Behaviour::Echoing => Ok(format!(
+                "<previous-summary>\n## Goal\nsummary number {n}\n</previous-summary>\n\
+                 <transcript>\n## Next steps\n</transcript>\nHeadings:\n## Goal\n## Done"
+            )),
             Behaviour::Bloated => Ok(format!("## Goal\n{}", "padding ".repeat(40_000))),
             Behaviour::Fail => Err(SummarizerError::Status(500)),
             Behaviour::FailAfter { delay } => {
@@ -220,6 +226,11 @@ fn sent_messages(prepared: &Prepared) -> Vec<Value> {
 }
 
 async fn checkpoints(setup: &Setup) -> usize {
+    stored(setup).await.len()
+}
+
+/// The checkpoints stored for the conversation [`session`] starts.
+async fn stored(setup: &Setup) -> Arc<Vec<Checkpoint>> {
     let anchor = {
         let req = request(&session(1));
         let meter = Meter::new(16);
@@ -230,7 +241,7 @@ async fn checkpoints(setup: &Setup) -> usize {
         );
         identity::hex(&chain[1])
     };
-    setup.store.for_anchor(&anchor).await.unwrap().len()
+    setup.store.for_anchor(&anchor).await.unwrap()
 }
 
 #[tokio::test(start_paused = true)]
@@ -968,4 +979,35 @@ async fn a_summarizer_that_overflows_teaches_its_window_and_gets_smaller_chunks(
 
 fn setup_with(behaviour: Behaviour) -> Setup {
     setup(behaviour, |_, summarizer| summarizer.window = 0)
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_summarizers_markup_never_reaches_a_stored_summary() {
+    let setup = setup(Behaviour::Echoing, |_, _| {});
+    let mut messages = session(40);
+    let first = prepare(&setup, &messages).await;
+    assert!(first.outcome.summarized);
+    // Forty more turns: a second summary, which updates the first.
+    messages.pop();
+    messages.extend(session(40).into_iter().skip(1));
+    let second = prepare(&setup, &messages).await;
+    assert!(second.outcome.summarized);
+    assert_eq!(setup.summarizer.calls(), 2);
+    let stored = stored(&setup).await;
+    assert_eq!(stored.len(), 2);
+    for checkpoint in stored.iter() {
+        let summary = &checkpoint.summary;
+        assert!(summary.starts_with("## Goal\nsummary number"), "{summary}");
+        for markup in [
+            "<previous-summary>",
+            "</previous-summary>",
+            "<transcript>",
+            "</transcript>",
+            "Headings:",
+            "## Next steps",
+            "## Done",
+        ] {
+            assert!(!summary.contains(markup), "{markup} in {summary}");
+        }
+    }
 }
