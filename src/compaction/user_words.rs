@@ -132,13 +132,35 @@ pub fn constraints(own_words: &str) -> Vec<String> {
         if in_fence || line.starts_with("    ") || line.starts_with('\t') || PASTED.is_match(line) {
             continue;
         }
+        let mut before: Option<&str> = None;
         for sentence in sentences(line) {
             if binds(sentence) {
-                found.push(super::record::one_line(sentence, CONSTRAINT_CHARS));
+                // "Never rename it." says nothing alone: the sentence before names what.
+                let text = match before {
+                    Some(before) if refers_back(sentence) => {
+                        format!("{} {}", before.trim(), sentence.trim())
+                    }
+                    _ => sentence.to_string(),
+                };
+                found.push(super::record::one_line(&text, CONSTRAINT_CHARS));
             }
+            before = Some(sentence);
         }
     }
     found
+}
+
+/// Whether a short sentence stands for something named before it ("Never rename it.").
+fn refers_back(sentence: &str) -> bool {
+    let words: Vec<String> = sentence
+        .split(|c: char| !c.is_alphanumeric() && c != '\'')
+        .filter(|w| !w.is_empty())
+        .map(str::to_lowercase)
+        .collect();
+    words.len() <= 6
+        && words.iter().any(|w| {
+            ["it", "this", "that", "them", "these", "those", "there"].contains(&w.as_str())
+        })
 }
 
 /// Whether one sentence binds later work.
@@ -348,6 +370,11 @@ mod tests {
             constraints(message),
             vec!["Never allocate in the hot loop!"],
             "code, questions and pasted lines are not constraints"
+        );
+        assert_eq!(
+            constraints("The function to change is computeBackoff. Never rename it."),
+            vec!["The function to change is computeBackoff. Never rename it."],
+            "a short rule about `it` keeps what `it` is"
         );
     }
 
