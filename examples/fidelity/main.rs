@@ -160,6 +160,12 @@ async fn run(args: &Args) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     let mut rows = Vec::new();
     let mut missing = String::new();
+    // The user's constraints in the spans, as the record's detector finds them, and how many of
+    // them the record still holds after the repeated compactions.
+    let mut constraints = (0, 0);
+    // How many compactions each span was actually cut into (a span with few user messages
+    // gets fewer than asked for).
+    let mut folds: Vec<usize> = Vec::new();
     for file in &args.files {
         let name = file
             .file_stem()
@@ -233,10 +239,15 @@ async fn run(args: &Args) -> Result<(), String> {
             ),
         ];
         if args.repeat > 1 {
+            let (repeated, times) = compact_repeatedly(&views, args.repeat, room);
+            folds.push(times);
+            let (set, carried) = carried_constraints(&views, &repeated);
+            constraints.0 += set;
+            constraints.1 += carried;
             variants.push((
                 "repeated",
                 "record after repeated compactions",
-                compact_repeatedly(&views, args.repeat, room),
+                repeated,
                 None,
             ));
         }
@@ -275,7 +286,20 @@ async fn run(args: &Args) -> Result<(), String> {
             rows.push(row("reference", reference, None, None));
         }
     }
-    let table = table(&rows);
+    let mut table = table(&rows);
+    if args.repeat > 1 {
+        let _ = writeln!(
+            table,
+            "\nCompactions in a row per span: {} to {} (asked for {}; a span with fewer user \
+             messages gets fewer). User constraints (as the record detects them) carried \
+             verbatim after them: {} of {}.",
+            folds.iter().min().unwrap_or(&0),
+            folds.iter().max().unwrap_or(&0),
+            args.repeat,
+            constraints.1,
+            constraints.0
+        );
+    }
     print!("{table}");
     if !missing.is_empty() {
         print!("\nMissing from ours:\n{missing}");
@@ -288,17 +312,21 @@ async fn run(args: &Args) -> Result<(), String> {
 
 /// The summary after `views` is compacted `times` times in a row: cut into as many parts of
 /// about equal length, each starting at a user message, each folded into the summary before it
-/// with no model text.
+/// with no model text; with the number of parts.
 fn compact_repeatedly(
     views: &[(Role, MessageView)],
     times: usize,
     room: record::RecordRoom,
-) -> String {
-    let per_part = views.len().div_ceil(times).max(1);
+) -> (String, usize) {
+    // Each part starts at the first user message at or after its even share of the span.
     let mut starts = vec![0];
-    for (i, (role, _)) in views.iter().enumerate() {
-        if *role == Role::User && i >= starts.last().unwrap() + per_part {
-            starts.push(i);
+    for k in 1..times {
+        let target = k * views.len() / times;
+        let next = (target.max(starts.last().unwrap() + 1)..views.len())
+            .find(|&i| views[i].0 == Role::User);
+        match next {
+            Some(i) => starts.push(i),
+            None => break,
         }
     }
     starts.push(views.len());
@@ -307,7 +335,23 @@ fn compact_repeatedly(
         let span = &views[part[0]..part[1]];
         summary = Some(record::attach_share("", span, summary.as_deref(), room));
     }
-    summary.unwrap_or_default()
+    (summary.unwrap_or_default(), starts.len() - 1)
+}
+
+/// The user's constraints of `views` (as the record detects them), and how many of them the
+/// record of `summary` holds verbatim.
+fn carried_constraints(views: &[(Role, MessageView)], summary: &str) -> (usize, usize) {
+    let carried = record::split(summary)
+        .1
+        .map(record::Record::parse)
+        .unwrap_or_default();
+    let set = record::Record::collect(views);
+    let kept = set
+        .constraints()
+        .iter()
+        .filter(|c| carried.constraints().contains(c))
+        .count();
+    (set.constraints().len(), kept)
 }
 
 /// The model's text in the summary an earlier run (`label`) saved for conversation `name`.
