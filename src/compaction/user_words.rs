@@ -55,10 +55,12 @@ pub fn own_words(text: &str) -> String {
 /// Longest constraint copied, in characters (longer ones keep their beginning).
 pub const CONSTRAINT_CHARS: usize = 300;
 
-/// Words that open a binding clause as an imperative, after [`LEAD_INS`].
+/// Words that open a binding clause as an imperative, after [`LEAD_INS`]. Not "only", which
+/// as often describes ("and only shows the first line"): [`BINDING`] takes it before a verb of
+/// work.
 static IMPERATIVE: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(
-        r"(?i)^(never|always|don'?t|do not|must|only|avoid|prefer|stop|instead|make sure|remember to|keep using|no more)\b",
+        r"(?i)^(never|always|don'?t|do not|must|avoid|prefer|stop|instead|make sure|remember to|keep using|no more)\b",
     )
     .unwrap()
 });
@@ -356,6 +358,7 @@ mod tests {
             "We need to fix the tui test sources.",
             "I want you to do a deep analysis, then provide me with a plan.",
             "Then we should be good to go for a new release.",
+            "It wraps at the newline and only displays the first line.",
             "error: you must specify a target",
             "    if x.is_none() { return; } // never happens",
             "Nothing else.",
