@@ -26,7 +26,7 @@ use crate::dialect::{MessageView, Role};
 use crate::tokenizer::Encoding;
 
 use super::files;
-use super::user_words;
+use super::user_words::{self, one_line};
 
 /// The heading the record starts under; everything above it is the model's text.
 pub const HEADING: &str = "## Record (copied from the conversation)";
@@ -458,16 +458,6 @@ fn normalized(text: &str) -> String {
         .filter(|w| !w.is_empty())
         .collect::<Vec<_>>()
         .join(" ")
-}
-
-/// Whitespace collapsed, cut to `limit` characters.
-pub(super) fn one_line(text: &str, limit: usize) -> String {
-    let line = text.split_whitespace().collect::<Vec<_>>().join(" ");
-    if line.chars().count() <= limit {
-        return line;
-    }
-    let cut: String = line.chars().take(limit).collect();
-    format!("{cut} …")
 }
 
 /// The shell command a tool call ran, if it ran one.

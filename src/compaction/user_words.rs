@@ -1,7 +1,8 @@
 //! What of a user message is the user's own words, and what of them the record keeps: the text
 //! a client injected into it taken out ([`own_words`]), the sentences that bind later work
 //! ([`constraints`]), and a long request shortened to its first sentence and its distinctive
-//! words ([`shorten`]). Pure; the record ([`super::record`]) decides what goes where.
+//! words ([`shorten`]), and a text on one line ([`one_line`]). Pure; the record
+//! ([`super::record`]) decides what goes where.
 
 use std::sync::LazyLock;
 
@@ -144,7 +145,7 @@ pub fn constraints(own_words: &str) -> Vec<String> {
                     }
                     _ => sentence.to_string(),
                 };
-                found.push(super::record::one_line(&text, CONSTRAINT_CHARS));
+                found.push(one_line(&text, CONSTRAINT_CHARS));
             }
             before = Some(sentence);
         }
@@ -219,7 +220,7 @@ pub const ALSO: &str = " … (also: ";
 /// inner capitals or digits, numbers, flags), in order, each once.
 pub fn shorten(text: &str, chars: usize) -> String {
     let text = text.trim();
-    let collapsed = super::record::one_line(text, usize::MAX);
+    let collapsed = one_line(text, usize::MAX);
     if collapsed.chars().count() <= chars {
         return collapsed;
     }
@@ -244,7 +245,7 @@ pub fn shorten(text: &str, chars: usize) -> String {
             (head, &text[head.len()..])
         }
     };
-    let head = super::record::one_line(head, chars * 2 / 3);
+    let head = one_line(head, chars * 2 / 3);
     let head = head.trim_end_matches(" …");
     let mut room = chars.saturating_sub(head.chars().count() + ALSO.chars().count() + 1);
     let mut words: Vec<&str> = Vec::new();
@@ -268,7 +269,7 @@ pub fn shorten(text: &str, chars: usize) -> String {
         words.push(word);
     }
     match (head.is_empty(), words.is_empty()) {
-        (true, _) => super::record::one_line(&collapsed, chars),
+        (true, _) => one_line(&collapsed, chars),
         (false, true) => format!("{head} …"),
         (false, false) => format!("{head}{ALSO}{})", words.join(", ")),
     }
@@ -291,6 +292,16 @@ fn distinctive(word: &str) -> bool {
         || (word.contains('.') && word.chars().next().is_some_and(char::is_alphanumeric))
         || inner_capital
         || constant
+}
+
+/// Whitespace collapsed, cut to `limit` characters.
+pub fn one_line(text: &str, limit: usize) -> String {
+    let line = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    if line.chars().count() <= limit {
+        return line;
+    }
+    let cut: String = line.chars().take(limit).collect();
+    format!("{cut} …")
 }
 
 #[cfg(test)]
