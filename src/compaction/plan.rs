@@ -135,7 +135,9 @@ fn choose_cut(input: &PlanInput) -> Result<Plan, PlanError> {
     // Split turn: pin the last user message, keep the newest steps of its turn that fit.
     let pinned_cost = last_user.map(tokens).unwrap_or(0);
     let lowest = last_user.map_or(input.start, |u| u.max(input.start)) + 1;
-    let is_valid_cut = |c: usize| c == n || roles[c] != Role::Tool;
+    // A cut never lands inside a unit: not at a tool result, nor at what joins the step before
+    // it (a parallel call of the same step, what follows a reasoning item).
+    let is_valid_cut = |c: usize| c == n || !matches!(roles[c], Role::Tool | Role::Other);
     let candidates: Vec<usize> = (lowest..=n).filter(|&c| is_valid_cut(c)).collect();
     let pinned_user = last_user.filter(|&u| u < lowest);
     let budget_left = input.keep_budget.saturating_sub(pinned_cost);
@@ -229,6 +231,19 @@ mod tests {
             keep_budget: budget,
         })
         .unwrap()
+    }
+
+    #[test]
+    fn a_split_turn_is_never_cut_between_parallel_calls_of_one_step() {
+        // Responses: two parallel `function_call`s (the second joins the first's step) and
+        // their outputs; a budget that the second call and the outputs alone would fit.
+        let roles = [
+            System, User, Assistant, Tool, User, Assistant, Other, Tool, Tool,
+        ];
+        let tokens = [5, 10, 10, 10, 10, 400, 10, 10, 10];
+        let p = run(&roles, &tokens, 100);
+        assert_ne!(p.cut, 6, "{p:?}");
+        assert!(!matches!(roles.get(p.cut), Some(Tool | Other)), "{p:?}");
     }
 
     #[test]
