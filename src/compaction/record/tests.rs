@@ -190,7 +190,8 @@ fn long_session() -> Vec<String> {
         } else if turn % 3 == 1 {
             format!(
                 "Here is the file for step {turn}:\n```rust\n{}```",
-                "fn parse_step(input: &str) -> Result<Step, Error> {\n    Err(Error::Pending)\n}\n".repeat(30)
+                "fn parse_step(input: &str) -> Result<Step, Error> {\n    Err(Error::Pending)\n}\n"
+                    .repeat(30)
             )
         } else {
             format!("Now make step {turn} pass its tests.")
