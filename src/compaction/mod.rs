@@ -41,6 +41,7 @@ pub mod prompt;
 pub mod record;
 mod render;
 mod single_flight;
+mod slots;
 pub mod summarizer;
 pub mod summary_text;
 pub mod user_words;

@@ -18,7 +18,8 @@ use super::app::App;
 use super::client_compaction::{self, Intercepted};
 use super::error::ApiError;
 use super::headers::{
-    credential_headers, forwarded_headers, instructions, mode, refuse_encoded_body, set,
+    credential_headers, forwarded_headers, instructions, mode, outcome_headers,
+    refuse_encoded_body, set,
 };
 use super::limits::check_model_name;
 use super::log::Escaped;
@@ -478,38 +479,4 @@ fn cannot_fit_message(overflow: Overflow, sent: u64, window: u64) -> String {
          prompt takes {counted}, and the model's context window is {window} tokens; shorten the \
          system prompt, tools or last message, or start a new conversation"
     )
-}
-
-/// The `x-compactor-*` headers that say what happened to a request.
-fn outcome_headers(app: &App, headers: &mut HeaderMap, outcome: &Outcome, overhead: Duration) {
-    set(headers, "x-compactor-prompt-tokens", outcome.prompt_tokens);
-    set(headers, "x-compactor-context-window", outcome.window);
-    set(
-        headers,
-        "x-compactor-overhead-ms",
-        format!("{:.3}", overhead.as_secs_f64() * 1000.0),
-    );
-    set(headers, "x-compactor-compacted", outcome.compacted);
-    set(headers, "x-compactor-tokens-before", outcome.tokens_before);
-    set(headers, "x-compactor-tokens-after", outcome.tokens_after);
-    if let Some(id) = &outcome.checkpoint_id {
-        set(headers, "x-compactor-checkpoint", id);
-    }
-    if !outcome.summary_time.is_zero() {
-        set(
-            headers,
-            "x-compactor-summary-ms",
-            outcome.summary_time.as_millis(),
-        );
-    }
-    if let Some(status) = &outcome.status {
-        set(headers, "x-compactor-compaction", status.header_value());
-    }
-    if outcome.ready_checkpoint_used {
-        set(headers, "x-compactor-ready-checkpoint", "true");
-    }
-    // Checked again now: the store may have noticed an outage while serving this request.
-    if outcome.store_degraded || !app.engine.store().healthy() {
-        set(headers, "x-compactor-store", "degraded");
-    }
 }

@@ -4,8 +4,11 @@
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 
+use std::time::Duration;
+
+use super::app::App;
 use super::error::ApiError;
-use crate::compaction::Mode;
+use crate::compaction::{Mode, Outcome};
 use crate::upstream::CREDENTIAL_HEADERS;
 
 /// Chat bodies are read as JSON: a compressed one is refused with a clear reason rather than
@@ -97,5 +100,44 @@ pub(super) fn header_str(headers: &HeaderMap, name: &str) -> Option<String> {
 pub(super) fn set(headers: &mut HeaderMap, name: &'static str, value: impl ToString) {
     if let Ok(v) = HeaderValue::from_str(&value.to_string()) {
         headers.insert(HeaderName::from_static(name), v);
+    }
+}
+
+/// The `x-compactor-*` headers that say what happened to a request.
+pub(super) fn outcome_headers(
+    app: &App,
+    headers: &mut HeaderMap,
+    outcome: &Outcome,
+    overhead: Duration,
+) {
+    set(headers, "x-compactor-prompt-tokens", outcome.prompt_tokens);
+    set(headers, "x-compactor-context-window", outcome.window);
+    set(
+        headers,
+        "x-compactor-overhead-ms",
+        format!("{:.3}", overhead.as_secs_f64() * 1000.0),
+    );
+    set(headers, "x-compactor-compacted", outcome.compacted);
+    set(headers, "x-compactor-tokens-before", outcome.tokens_before);
+    set(headers, "x-compactor-tokens-after", outcome.tokens_after);
+    if let Some(id) = &outcome.checkpoint_id {
+        set(headers, "x-compactor-checkpoint", id);
+    }
+    if !outcome.summary_time.is_zero() {
+        set(
+            headers,
+            "x-compactor-summary-ms",
+            outcome.summary_time.as_millis(),
+        );
+    }
+    if let Some(status) = &outcome.status {
+        set(headers, "x-compactor-compaction", status.header_value());
+    }
+    if outcome.ready_checkpoint_used {
+        set(headers, "x-compactor-ready-checkpoint", "true");
+    }
+    // Checked again now: the store may have noticed an outage while serving this request.
+    if outcome.store_degraded || !app.engine.store().healthy() {
+        set(headers, "x-compactor-store", "degraded");
     }
 }
