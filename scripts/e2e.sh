@@ -2,7 +2,8 @@
 # End-to-end scenarios: real clients, through Compactor, to a real model (llama-server).
 #
 #   scripts/e2e.sh                    every scenario, grouped by window: python node anthropic
-#                                     responses (2048), pi aider claude codex (4096)
+#                                     responses langchain (2048), pi aider claude codex
+#                                     opencode (4096)
 #   scripts/e2e.sh python pi          only these
 #   scripts/e2e.sh setup              only install the clients, the server and the model
 #
@@ -16,9 +17,11 @@
 # of three windows and several compactions take a few minutes on 2 cores; the agents (pi,
 # aider) against 4096 tokens, since Pi's own prompt and tools take about 1.4k. The Anthropic
 # scenarios follow the same split: the SDK (anthropic) at 2048, Claude Code (claude) at 4096, and
-# so do the Responses ones: the SDK (responses) at 2048, Codex (codex) at 4096.
-# Their /v1/messages traffic goes upstream through a recording relay (tests/e2e/recording_relay.py)
-# so that they can check what Compactor forwarded.
+# so do the Responses ones: the SDK (responses) at 2048, Codex (codex) at 4096. LangChain
+# (langchain) is an SDK scenario, OpenCode (opencode) an agent one.
+# All traffic goes upstream through a recording relay (tests/e2e/recording_relay.py), so that the
+# scenarios can check what Compactor forwarded: the Anthropic ones the shape of their bodies, the
+# agents' recall turns the facts their first turn set (tests/e2e/recall.py).
 #
 # Environment (all optional):
 #   COMPACTOR_CACHE       cache for downloads, the model, venvs and npm packages
@@ -55,19 +58,22 @@ NPM_PACKAGES=(openai@7.59.0 @mariozechner/pi-coding-agent@0.73.1)
 ANTHROPIC_PACKAGES=(anthropic==2.10.0)
 CLAUDE_PACKAGES=(@anthropic-ai/claude-code@2.1.328)
 CODEX_PACKAGES=(@openai/codex@0.169.0)
+LANGCHAIN_PACKAGES=(langchain-openai==1.7.4)
+OPENCODE_PACKAGES=(opencode-ai@1.18.33)
 RELAY_PORT="${E2E_RELAY_PORT:-$((PORT + 2))}"
 
 setup_only=false
 if [[ "${1:-}" == setup ]]; then setup_only=true; shift; fi
 scenarios=("$@")
-[[ ${#scenarios[@]} -gt 0 ]] || scenarios=(python node anthropic responses pi aider claude codex)
+all_scenarios=(python node anthropic responses langchain pi aider claude codex opencode)
+[[ ${#scenarios[@]} -gt 0 ]] || scenarios=("${all_scenarios[@]}")
 for s in "${scenarios[@]}"; do
-  case "$s" in python|node|pi|aider|anthropic|claude|codex|responses) ;;
-    *) echo "unknown scenario $s (python node pi aider anthropic claude codex responses)" >&2; exit 2 ;;
+  case " ${all_scenarios[*]} " in *" $s "*) ;;
+    *) echo "unknown scenario $s (${all_scenarios[*]})" >&2; exit 2 ;;
   esac
 done
 wants() { local s; for s in "${scenarios[@]}"; do [[ "$s" == "$1" ]] && return 0; done; return 1; }
-window_of() { case "$1" in python|node|anthropic|responses) echo "$SDK_WINDOW" ;; *) echo "$AGENT_WINDOW" ;; esac; }
+window_of() { case "$1" in python|node|anthropic|responses|langchain) echo "$SDK_WINDOW" ;; *) echo "$AGENT_WINDOW" ;; esac; }
 
 say() { echo "e2e: $*" >&2; }
 mkdir -p "$CACHE" "$LOGS"
@@ -111,6 +117,8 @@ if wants node || wants pi; then npm_with "$CACHE/node" "${NPM_PACKAGES[@]}"; fi
 wants anthropic && venv_with "$CACHE/venv-anthropic" "${ANTHROPIC_PACKAGES[@]}"
 wants claude && npm_with "$CACHE/claude" "${CLAUDE_PACKAGES[@]}"
 wants codex && npm_with "$CACHE/codex" "${CODEX_PACKAGES[@]}"
+wants langchain && venv_with "$CACHE/venv-langchain" "${LANGCHAIN_PACKAGES[@]}"
+wants opencode && npm_with "$CACHE/opencode" "${OPENCODE_PACKAGES[@]}"
 say "clients ready ($((SECONDS - t0))s)"
 
 # The server and the model, fetched (or built) once; a no-op when cached.
@@ -170,7 +178,7 @@ start_stack() { # window
   # Only the e2e configuration counts: drop COMPACTOR_* overrides from the caller's environment.
   # shellcheck disable=SC2046
   env $(env | grep -o '^COMPACTOR_[A-Z_]*' | grep -v '^COMPACTOR_CACHE$' | sed 's/^/-u /') \
-    "$BIN" serve --listen "127.0.0.1:$PORT" --upstream "$LLAMA_URL" --config "$config" \
+    "$BIN" serve --listen "127.0.0.1:$PORT" --upstream "http://127.0.0.1:$RELAY_PORT/v1" --config "$config" \
     >"$COMPACTOR_LOG_FILE" 2>&1 &
   compactor_pid=$!
   local i
@@ -209,6 +217,7 @@ export NODE_PATH="$CACHE/node/node_modules"
 export PI_BIN="$CACHE/node/node_modules/.bin/pi"
 export AIDER_BIN="$CACHE/venv-aider/bin/aider"
 export CLAUDE_BIN="$CACHE/claude/node_modules/@anthropic-ai/claude-code-linux-x64/claude"
+export OPENCODE_BIN="$CACHE/opencode/node_modules/.bin/opencode"
 export CODEX_BIN="$CACHE/codex/node_modules/@openai/codex-linux-x64/vendor/x86_64-unknown-linux-musl/bin/codex"
 
 declare -A status seconds results
@@ -232,6 +241,8 @@ for s in "${scenarios[@]}"; do
     claude) cmd=(bash "$root/tests/e2e/scenario_claude_code.sh") ;;
     codex) cmd=(bash "$root/tests/e2e/scenario_codex.sh") ;;
     responses) cmd=("$CACHE/venv/bin/python" "$root/tests/e2e/scenario_responses_python.py") ;;
+    langchain) cmd=("$CACHE/venv-langchain/bin/python" "$root/tests/e2e/scenario_langchain.py") ;;
+    opencode) cmd=(bash "$root/tests/e2e/scenario_opencode.sh") ;;
   esac
   say "scenario $s (window $window): ${cmd[*]}"
   t0=$SECONDS

@@ -55,9 +55,12 @@ include_instructions = false
 [tools.experimental_request_user_input]
 enabled = false
 
+# No sub-agent tools (`[features] multi_agent`, which did this before, is deprecated).
+[agents]
+enabled = false
+
 [features]
 view_image = false
-multi_agent = false
 goals = false
 apps = false
 plugins = false

@@ -21,11 +21,13 @@ import sys
 import urllib.request
 
 
-def read_events(path: str, since: int) -> list[dict]:
+def read_events(path: str, since: int, until: int | None = None) -> list[dict]:
+    """The log's events from byte offset `since` (up to `until`, when given)."""
     events = []
     with open(path, "rb") as f:
         f.seek(since)
-        for raw in f:
+        data = f.read() if until is None else f.read(max(0, until - since))
+        for raw in data.splitlines():
             try:
                 event = json.loads(raw)
             except ValueError:

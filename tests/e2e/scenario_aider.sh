@@ -5,15 +5,19 @@
 # OpenAI-compatible route), in ask mode, without git or a repo map, in a throwaway HOME and
 # project. Each message is one `aider --message` call with --restore-chat-history, so the
 # whole conversation so far goes with every request; aider's own history summarization is kept
-# out of the way with a large --max-chat-history-tokens (the proxy does that job here).
+# out of the way with a large --max-chat-history-tokens (the proxy does that job here). The first
+# message also sets three facts, and a last message asks for them back after the compactions
+# (tests/e2e/recall.py): they must be in what Compactor forwarded for it.
 #
 # Environment: COMPACTOR_URL (with /v1), E2E_COMPACTOR_LOG (Compactor's JSON log), AIDER_BIN,
 # E2E_WINDOW, E2E_MODEL, E2E_AIDER_MESSAGES (default 5), E2E_AIDER_MAX_TOKENS (default 96),
 # E2E_LOG_DIR (aider's output of each message is kept there),
-# E2E_PYTHON, E2E_ADMIN_TOKEN.
+# E2E_PYTHON, E2E_ADMIN_TOKEN, E2E_RELAY_LOG (bodies Compactor forwarded).
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
+# shellcheck source=recall.sh
+source "$here/recall.sh"
 : "${COMPACTOR_URL:?}" "${E2E_COMPACTOR_LOG:?}" "${AIDER_BIN:?}" "${E2E_WINDOW:?}"
 model="${E2E_MODEL:-qwen2.5-coder-0.5b-instruct}"
 messages="${E2E_AIDER_MESSAGES:-5}"
@@ -53,8 +57,15 @@ EOF
 
 mark="$("$py" "$here/compactor_probe.py" mark "$E2E_COMPACTOR_LOG")"
 cd "$work/project"
-for i in $(seq 1 "$messages"); do
-  msg="$("$py" -c "import sys; sys.path.insert(0, '$here'); import conversation; print(conversation.user_turn($i - 1))")"
+# The messages, then the recall message (number messages + 1).
+for i in $(seq 1 $((messages + 1))); do
+  if [[ $i -gt $messages ]]; then
+    recall_begin
+    msg="$("$py" "$here/recall.py" question)"
+  else
+    msg="$("$py" -c "import sys; sys.path.insert(0, '$here'); import conversation; print(conversation.user_turn($i - 1))")"
+    [[ $i -eq 1 ]] && msg="$("$py" "$here/recall.py" facts) $msg"
+  fi
   t0=$SECONDS
   rc=0
   "$AIDER_BIN" --model "openai/$model" --openai-api-base "$COMPACTOR_URL" \
@@ -81,6 +92,7 @@ for i in $(seq 1 "$messages"); do
     exit 1
   fi
 done
+recall_end aider "$reply"
 
 "$py" "$here/compactor_probe.py" check --scenario aider --log "$E2E_COMPACTOR_LOG" --since "$mark" \
   --url "${COMPACTOR_URL%/v1}" --window "$E2E_WINDOW" --min-requests "$messages" \

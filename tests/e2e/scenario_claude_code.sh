@@ -7,7 +7,9 @@
 # one short question; turn 1 starts the session with --session-id, later turns --resume it, so
 # every request carries the whole history. Claude Code runs with a throwaway HOME, a
 # placeholder key, a short system prompt and only the Bash tool (--bare), which brings its own
-# prompt down to about 550 tokens.
+# prompt down to about 550 tokens. The first turn also sets three facts, and a last turn asks
+# for them back after the compactions (tests/e2e/recall.py): they must be in what Compactor
+# forwarded for it.
 #
 # Passes when every turn exits 0 with a result, Compactor's log shows the history reaching
 # twice the window, at least 2 compactions and a checkpoint re-applied without a new summary,
@@ -23,6 +25,8 @@
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
+# shellcheck source=recall.sh
+source "$here/recall.sh"
 : "${CLAUDE_BIN:?}" "${E2E_WINDOW:?}"
 model="${E2E_MODEL:-qwen2.5-coder-0.5b-instruct}"
 turns="${E2E_CLAUDE_TURNS:-8}"
@@ -46,11 +50,12 @@ prompt_of() { # turn number (1-based): two files of the shared conversation and 
   "$py" - "$1" <<EOF
 import sys
 sys.path.insert(0, "$here")
-import conversation
+import conversation, recall
 turn = int(sys.argv[1])
 first, question = conversation.source_file(2 * turn - 2)
 second, _ = conversation.source_file(2 * turn - 1)
-print(f"Turn {turn}. Two files of the project:\n\n{first}\n\n{second}\n\n{question} One sentence, no tools.")
+facts = recall.FACTS + " " if turn == 1 else ""
+print(f"{facts}Turn {turn}. Two files of the project:\n\n{first}\n\n{second}\n\n{question} One sentence, no tools.")
 EOF
 }
 
@@ -62,15 +67,24 @@ relay_mark=0
 
 cd "$work/project"
 survived=0
-for i in $(seq 1 "$turns"); do
+# The turns, then (through Compactor) the recall turn, number turns + 1.
+last=$turns
+[[ -z "$direct" ]] && last=$((turns + 1))
+for i in $(seq 1 "$last"); do
   if [[ $i -eq 1 ]]; then resume=(--session-id "$session"); else resume=(--resume "$session"); fi
+  if [[ $i -gt $turns ]]; then
+    recall_begin
+    prompt="$("$py" "$here/recall.py" question)"
+  else
+    prompt="$(prompt_of "$i")"
+  fi
   t0=$SECONDS
   rc=0
   env HOME="$work/home" ANTHROPIC_BASE_URL="$base_url" ANTHROPIC_API_KEY=sk-e2e-claude \
     ANTHROPIC_MODEL="$model" ANTHROPIC_SMALL_FAST_MODEL="$model" \
     CLAUDE_CODE_MAX_OUTPUT_TOKENS="${E2E_CLAUDE_MAX_TOKENS:-256}" DISABLE_AUTO_COMPACT=1 \
     DISABLE_TELEMETRY=1 CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 DISABLE_AUTOUPDATER=1 \
-    "$CLAUDE_BIN" --bare -p "$(prompt_of "$i")" --output-format json \
+    "$CLAUDE_BIN" --bare -p "$prompt" --output-format json \
     --system-prompt "You are a coding agent. Be brief." --tools Bash --allowedTools Bash \
     --max-turns 2 "${resume[@]}" </dev/null >"$work/claude-$i.json" 2>"$work/claude-$i.err" || rc=$?
   verdict="$("$py" - "$work/claude-$i.json" <<'EOF'
@@ -93,6 +107,7 @@ EOF
   fi
   survived=$i
 done
+if [[ -z "$direct" ]]; then recall_end claude "$verdict"; fi
 
 if [[ -n "$direct" ]]; then
   echo "[claude] direct to the model: $survived of $turns turns survived"

@@ -8,7 +8,9 @@
 # prompt is `codex exec --skip-git-repo-check`, every later one `codex exec resume --last`, so
 # every request carries the whole thread. Each prompt pastes two source files of the shared
 # conversation (about 1,000 tokens), so the thread outgrows a 4,096-token window twice; a last,
-# short follow-up pastes nothing, so it fits through the newest checkpoint (a reuse).
+# short follow-up pastes nothing, so it fits through the newest checkpoint (a reuse). The first
+# prompt also sets three facts, and that follow-up asks for them back (tests/e2e/recall.py):
+# they must be in what Compactor forwarded for it.
 #
 # Passes when every prompt exits 0, Compactor's log shows at least two compactions and requests
 # sent compacted beyond those that made a summary (a checkpoint reused), and Codex's own record
@@ -18,10 +20,12 @@
 # llama-server): the scenario then reports how many prompts Codex survived without Compactor.
 #
 # Environment: COMPACTOR_URL (with /v1), E2E_COMPACTOR_LOG, CODEX_BIN, E2E_WINDOW, E2E_MODEL,
-# E2E_CODEX_PROMPTS (default 8), E2E_PYTHON, E2E_ADMIN_TOKEN, E2E_LOG_DIR.
+# E2E_CODEX_PROMPTS (default 8), E2E_PYTHON, E2E_ADMIN_TOKEN, E2E_LOG_DIR, E2E_RELAY_LOG.
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
+# shellcheck source=recall.sh
+source "$here/recall.sh"
 : "${COMPACTOR_URL:?}" "${CODEX_BIN:?}"
 baseline="${E2E_CODEX_BASELINE:-0}"
 prompts="${E2E_CODEX_PROMPTS:-8}"
@@ -45,20 +49,21 @@ if [[ "$baseline" != 1 ]]; then
   mark="$("$py" "$here/compactor_probe.py" mark "$E2E_COMPACTOR_LOG")"
 fi
 
-prompt_text() { # n: two files of the shared conversation and a one-line question; n = -1: a
-  # short follow-up that pastes nothing, which fits through the thread's newest checkpoint
+prompt_text() { # n: two files of the shared conversation and a one-line question; n = -1: the
+  # recall question, a short follow-up that pastes nothing and fits through the newest checkpoint
   if [[ "$1" == -1 ]]; then
-    echo "Do not run any command. In one sentence: which of the files above did I paste first?"
+    "$py" "$here/recall.py" question
     return
   fi
   "$py" - "$1" <<EOF
 import sys
 sys.path.insert(0, "$here")
-import conversation
+import conversation, recall
 n = int(sys.argv[1])
 first, _ = conversation.source_file(2 * n)
 second, question = conversation.source_file(2 * n + 1)
-print(f"Prompt {n + 1}. Two files of the project:\n\n{first}\n\n{second}\n\n"
+facts = recall.FACTS + " " if n == 0 else ""
+print(f"{facts}Prompt {n + 1}. Two files of the project:\n\n{first}\n\n{second}\n\n"
       f"Do not run any command. In one sentence: {question}")
 EOF
 }
@@ -69,6 +74,7 @@ cd "$work/project"
 for i in $(seq 1 $((prompts + 1))); do
   resume=()
   [[ $i -gt 1 ]] && resume=(resume --last)
+  [[ $i -gt $prompts && "$baseline" != 1 ]] && recall_begin
   t0=$SECONDS
   rc=0
   "$CODEX_BIN" exec --skip-git-repo-check -s read-only "${resume[@]}" "$(prompt_text $([[ $i -gt $prompts ]] && echo -1 || echo $((i - 1))))" \
@@ -88,6 +94,8 @@ if [[ "$baseline" == 1 ]]; then
   echo "E2E_RESULT {\"scenario\": \"codex-baseline\", \"prompts\": $prompts, \"survived\": $survived, \"seconds\": $((SECONDS - started))}"
   exit 0
 fi
+
+recall_end codex "$answer"
 
 # Codex's own compaction would show in its session record as a `compacted` item.
 if grep -rqs '"type":"compacted"' "$home/sessions"; then

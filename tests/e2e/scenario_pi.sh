@@ -7,15 +7,19 @@
 # {"compaction":{"enabled":false}} in settings.json. Each prompt is one `pi --mode json` call;
 # the second and later ones `--continue` the same session, so every request carries the whole
 # history. Each prompt attaches a source file (@file), so the session grows by a few hundred
-# tokens a prompt. Only read-only tools are enabled, in case the model does call one.
+# tokens a prompt. Only read-only tools are enabled, in case the model does call one. The first
+# prompt also sets three facts, and a last prompt asks for them back after the compactions
+# (tests/e2e/recall.py): they must be in what Compactor forwarded for it.
 #
 # Environment: COMPACTOR_URL (with /v1), E2E_COMPACTOR_LOG (Compactor's JSON log), PI_BIN,
 # E2E_WINDOW (the model's window), E2E_MODEL, E2E_PI_PROMPTS (default 6),
 # E2E_PI_MAX_TOKENS (default 64), E2E_PYTHON, E2E_ADMIN_TOKEN, E2E_LOG_DIR (Pi's event
-# stream of each prompt is kept there).
+# stream of each prompt is kept there), E2E_RELAY_LOG (bodies Compactor forwarded).
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
+# shellcheck source=recall.sh
+source "$here/recall.sh"
 : "${COMPACTOR_URL:?}" "${E2E_COMPACTOR_LOG:?}" "${PI_BIN:?}" "${E2E_WINDOW:?}"
 model="${E2E_MODEL:-qwen2.5-coder-0.5b-instruct}"
 prompts="${E2E_PI_PROMPTS:-6}"
@@ -74,17 +78,26 @@ for i in range(int(sys.argv[2])):
 EOF
 
 mark="$("$py" "$here/compactor_probe.py" mark "$E2E_COMPACTOR_LOG")"
+facts="$("$py" "$here/recall.py" facts)"
 cd "$work/project"
-for i in $(seq 1 "$prompts"); do
+# The prompts, then the recall prompt (number prompts + 1), which attaches nothing.
+for i in $(seq 1 $((prompts + 1))); do
   cont=()
   [[ $i -gt 1 ]] && cont=(--continue)
+  if [[ $i -gt $prompts ]]; then
+    recall_begin
+    args=("$("$py" "$here/recall.py" question)")
+  elif [[ $i -eq 1 ]]; then
+    args=("@src/module_$i.py" "$facts Prompt $i. In one sentence: what does this file do?")
+  else
+    args=("@src/module_$i.py" "Prompt $i. In one sentence: what does this file do?")
+  fi
   t0=$SECONDS
   out="$work/pi-$i.jsonl"
   rc=0
   "$PI_BIN" --provider compactor --model "$model" --mode json --session-dir "$work/sessions" \
     --tools read,grep,find,ls --no-extensions --no-skills --no-prompt-templates \
-    --no-context-files "${cont[@]}" \
-    "@src/module_$i.py" "Prompt $i. In one sentence: what does this file do?" \
+    --no-context-files "${cont[@]}" "${args[@]}" \
     </dev/null >"$out" 2>"$work/pi-$i.err" || rc=$?
   # The assistant's final message of this prompt, and any error Pi reports.
   verdict="$("$py" - "$out" <<'EOF'
@@ -117,6 +130,7 @@ EOF
     exit 1
   fi
 done
+recall_end pi "$verdict"
 
 "$py" "$here/compactor_probe.py" check --scenario pi --log "$E2E_COMPACTOR_LOG" --since "$mark" \
   --url "${COMPACTOR_URL%/v1}" --window "$E2E_WINDOW" --min-requests "$prompts" \
