@@ -31,6 +31,7 @@ const SEAM: &[&str] = &[
     "dialect/vocabulary.rs",
     "dialect/splice.rs",
     "dialect/text.rs",
+    "dialect/media.rs",
     "dialect/overflow.rs",
 ];
 

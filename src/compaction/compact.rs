@@ -401,10 +401,12 @@ impl Engine {
                     let stated = overflow.limit.filter(|_| overflow.trusted);
                     if stated.is_some() && self.summarizer.window == 0 {
                         // The provider's count stands in for ours: only its stated window is
-                        // learned from it.
+                        // learned from it. A summary request is text alone (media are
+                        // placeholders in its transcript).
                         let counted = SentCount {
                             raw: overflow.requested.unwrap_or(0),
                             tenant: conversation.tenant,
+                            countable: true,
                             ..SentCount::default()
                         };
                         self.learn_overflow(&model, overflow, counted).await;

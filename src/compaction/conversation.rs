@@ -28,8 +28,8 @@ pub(super) struct Conversation {
     pub(super) anchor: Option<Hash>,
     pub(super) roles: Vec<Role>,
     pub(super) message_tokens: Vec<u64>,
-    /// Which elements carry media ([`WireRequest::has_media`]).
-    pub(super) media: Vec<bool>,
+    /// Which elements carry media whose cost is a guess ([`WireRequest::guessed_media`]).
+    pub(super) guessed_media: Vec<bool>,
     /// Whose request it is, as learned facts name tenants ([`super::learn::tenant_tag`]).
     pub(super) tenant: u64,
     pub(super) correction: Correction,
@@ -50,15 +50,16 @@ pub(super) fn matches_prefix(checkpoint: &Checkpoint, chain: &[Hash]) -> bool {
 }
 
 /// Whether what is sent through `checkpoint` (instructions, the pinned user element, the kept
-/// elements) is all counted: no media, whose cost is the provider's own.
+/// elements) is all counted: no media whose cost we could only guess.
 pub(super) fn sends_only_counted(
     conversation: &Conversation,
     checkpoint: Option<&Checkpoint>,
 ) -> bool {
-    let covered = checkpoint.map_or(0, |c| c.covered.min(conversation.media.len()));
+    let guessed = &conversation.guessed_media;
+    let covered = checkpoint.map_or(0, |c| c.covered.min(guessed.len()));
     let pinned = checkpoint.and_then(|c| c.pinned_user);
-    !conversation.media.iter().enumerate().any(|(i, &media)| {
-        media && (i >= covered || conversation.roles[i].is_instruction() || Some(i) == pinned)
+    !guessed.iter().enumerate().any(|(i, &guess)| {
+        guess && (i >= covered || conversation.roles[i].is_instruction() || Some(i) == pinned)
     })
 }
 
@@ -87,7 +88,7 @@ impl Engine {
         let first_turn = roles.iter().position(|r| !r.is_instruction());
         let anchor = identity::anchor(&chain, first_turn);
         let message_tokens = measured.elements.iter().map(|m| m.tokens).collect();
-        let media = (0..request.len()).map(|i| request.has_media(i)).collect();
+        let guessed_media = measured.elements.iter().map(|m| m.guessed_media).collect();
         Conversation {
             request: request.clone(),
             measured,
@@ -95,7 +96,7 @@ impl Engine {
             anchor,
             roles,
             message_tokens,
-            media,
+            guessed_media,
             tenant: super::learn::tenant_tag(&context.tenant),
             correction: Correction::NEUTRAL,
             window: 0,

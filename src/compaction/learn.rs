@@ -5,14 +5,17 @@
 //! A learned window is shared by every tenant of the model, so it is learned only from what the
 //! provider itself says: a [trusted](Overflow::trusted) overflow whose figures agree with ours
 //! and with what the provider accepted before. It never only shrinks: a larger prompt that the
-//! provider accepts raises it, and it is forgotten after `model_facts_ttl_secs`. An overflow
-//! that states no window teaches only an upper bound, from a prompt we counted (no media): the
-//! provider's likely count of it plus the output budget asked for. It is kept per tenant and
+//! provider accepts raises it, and it is forgotten after `model_facts_ttl_secs`. Nothing is
+//! learned from an overflow of a prompt whose media cost is a guess (an image behind a URL, a
+//! document: [`crate::dialect::media`]). An overflow that states no window teaches only an
+//! upper bound: the provider's likely count of the prompt plus the output budget asked for. It
+//! is kept per tenant and
 //! shared only once `learning_min_tenants` tenants have met one ([`windows::bound_for`]), ages
 //! after `window_bound_ttl_secs`, and gives way to any larger prompt the provider accepts.
 //!
-//! The correction is shared too, so it is learned only from prompts we counted (no media), from
-//! a bounded window of observations in which each tenant has one vote ([`calibration`]). An
+//! The correction is shared too, so it is learned only from prompts we counted (no guessed
+//! media), from a bounded window of observations in which each tenant has one vote
+//! ([`calibration`]). An
 //! overflow's own count of the prompt does not feed it: providers may count the output budget
 //! in it ("you requested N tokens (P in the messages, C in the completion)").
 
@@ -34,7 +37,8 @@ pub struct SentCount {
     pub raw: u64,
     /// Whose request it was ([`tenant_tag`]).
     pub tenant: u64,
-    /// Whether all of it was counted: no media, whose cost is the provider's own.
+    /// Whether all of it was counted: no media whose cost we could only guess (see
+    /// [`crate::dialect::media`]).
     pub countable: bool,
     /// The output budget the client asked for (0: none), which a provider may count against
     /// the window with the prompt.
@@ -178,8 +182,16 @@ impl Engine {
 
     /// Records an overflow error: the real window if stated, or a bound below what was sent
     /// if not. Nothing is learned from an overflow that is not the provider's own or whose
-    /// figures contradict what we know, nor a bound from a prompt we could not count.
+    /// figures contradict what we know, nor from a prompt whose media cost we only guessed:
+    /// our count of it can neither bound the window nor check the figures the provider states.
     pub async fn learn_overflow(&self, model: &str, overflow: Overflow, sent: SentCount) {
+        if !sent.countable {
+            tracing::info!(
+                reason = "media-cost-guessed",
+                "Not learning a window from an overflow error."
+            );
+            return;
+        }
         let (mut facts, _) = self.model_facts(model).await;
         if let Some(doubt) = doubt(&overflow, &facts, sent.raw) {
             tracing::info!(
@@ -198,7 +210,7 @@ impl Engine {
                     "Learned the model's window from an overflow error."
                 );
             }
-            None if !sent.countable || sent.raw == 0 => {
+            None if sent.raw == 0 => {
                 tracing::info!(
                     reason = "prompt-not-counted",
                     "Not learning a window bound from an overflow error that states no window."
@@ -255,7 +267,7 @@ impl Engine {
         let now = now_ms();
         let ttl = self.facts_ttl();
         let mut facts = stored.clone().current(now, ttl);
-        // What media cost is the provider's own rule: such a prompt says nothing of our count.
+        // A prompt whose media cost we guessed says nothing of how we count.
         let mut changed = sent.countable
             && calibration::record(
                 &mut facts.observations,

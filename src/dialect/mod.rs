@@ -30,9 +30,9 @@
 //!
 //! ## The floor
 //!
-//! This file, [`vocabulary`], [`splice`], [`text`] and [`overflow`] are the seam: the words the
-//! core and the dialects share (roles, views, errors), the body splicing and text cutting every
-//! dialect uses, and the providers' overflow wording. The seam imports nothing of the core
+//! This file, [`vocabulary`], [`splice`], [`text`], [`media`] and [`overflow`] are the seam: the
+//! words the core and the dialects share (roles, views, errors), the body splicing, text cutting
+//! and media costing every dialect uses, and the providers' overflow wording. The seam imports nothing of the core
 //! ([`crate::compaction`], [`crate::measure`]) and nothing of a dialect; beneath it are only
 //! [`crate::tokenizer`], [`crate::identity`] and [`crate::store`]'s types. The core imports the
 //! seam, never a dialect. Each dialect is a folder ([`chat`], [`anthropic`], [`responses`])
@@ -43,6 +43,7 @@
 
 pub mod anthropic;
 pub mod chat;
+pub mod media;
 pub mod overflow;
 pub mod registry;
 pub mod responses;
@@ -170,11 +171,12 @@ pub trait WireRequest: Send + Sync {
     /// The element read as text, tool calls and the id of the call it answers: what the
     /// summary's record and the file lists are taken from, whatever the wire format.
     fn view(&self, index: usize) -> MessageView;
-    /// Whether the element carries media (an image, a document, audio, a file) at any depth:
-    /// the provider bills those by its own rules, so our count of the element is a guess and
-    /// nothing is learned from an answer to a prompt that holds one.
-    fn has_media(&self, index: usize) -> bool {
-        raw_has_media(self.raw(index))
+    /// Whether the element carries media (an image, a document, audio, a file, at any depth)
+    /// whose cost [`WireRequest::tokens`] could only guess ([`media::Media::guessed`]): nothing
+    /// is learned from an answer to a prompt that holds one. The default, for a dialect that
+    /// does not read its media: any media at all.
+    fn guessed_media(&self, index: usize) -> bool {
+        media::holds_media(self.raw(index))
     }
 
     /// Tokens of the pinned head that is not an element (chat: `tools`), overhead included.
@@ -273,45 +275,6 @@ pub fn openai_error_body(error: &ClientError) -> serde_json::Value {
     }})
 }
 
-/// Content part types that carry media, in every dialect: chat's `image_url`, `input_audio`
-/// and `file`; Messages' `image` and `document`; Responses' `input_image`, `input_file` and
-/// `input_audio`.
-const MEDIA_TYPES: &[&str] = &[
-    "image",
-    "image_url",
-    "input_image",
-    "document",
-    "file",
-    "input_file",
-    "audio",
-    "input_audio",
-];
-
-/// Whether an element's JSON holds an object whose `type` is a media type, at any depth (inside
-/// a tool result too). Cheap for the usual element without media: the type must appear in its
-/// bytes as a JSON string (`"image"`), or escaped (`\u…`), before anything is parsed.
-pub(crate) fn raw_has_media(raw: &str) -> bool {
-    let may = raw.contains("\\u")
-        || MEDIA_TYPES
-            .iter()
-            .any(|kind| raw.contains(&format!("\"{kind}\"")));
-    may && serde_json::from_str::<serde_json::Value>(raw).is_ok_and(|v| value_has_media(&v))
-}
-
-fn value_has_media(value: &serde_json::Value) -> bool {
-    match value {
-        serde_json::Value::Object(fields) => {
-            fields
-                .get("type")
-                .and_then(|t| t.as_str())
-                .is_some_and(|t| MEDIA_TYPES.contains(&t))
-                || fields.values().any(value_has_media)
-        }
-        serde_json::Value::Array(items) => items.iter().any(value_has_media),
-        _ => false,
-    }
-}
-
 /// The units of a conversation: the smallest spans that may be cut between. A unit is one
 /// element plus the tool results right after it, so no result is ever separated from the
 /// assistant step that called it.
@@ -338,24 +301,5 @@ mod tests {
         assert_eq!(units(&roles), vec![0..1, 1..2, 2..5, 5..6, 6..8]);
         assert_eq!(units(&[Tool, User]), vec![0..1, 1..2]);
         assert!(units(&[]).is_empty());
-    }
-
-    #[test]
-    fn media_is_found_at_any_depth_and_only_as_a_part_type() {
-        for raw in [
-            r#"{"role":"user","content":[{"type":"text","text":"look"},{"type":"image_url","image_url":{"url":"data:"}}]}"#,
-            r#"{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":[{"type":"image","source":{}}]}]}"#,
-            r#"{"type":"function_call_output","call_id":"c","output":[{"type":"input_image","image_url":"data:"}]}"#,
-            r#"{"role":"user","content":[{"type":"\u0069mage","source":{}}]}"#,
-        ] {
-            assert!(raw_has_media(raw), "{raw}");
-        }
-        for raw in [
-            r#"{"role":"user","content":"an \"image\" of {\"type\":\"image\"}"}"#,
-            r#"{"role":"user","content":[{"type":"text","text":"image"}]}"#,
-            r#"{"role":"assistant","content":"caf\u00e9"}"#,
-        ] {
-            assert!(!raw_has_media(raw), "{raw}");
-        }
     }
 }

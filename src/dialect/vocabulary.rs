@@ -1,6 +1,7 @@
 //! The vocabulary every dialect speaks to the core: who wrote an element ([`Role`]), what it
 //! says as text ([`MessageView`], [`ToolCall`]), and why a body or a summary answer cannot be
-//! used ([`RequestError`], [`AnswerError`]). Part of the seam: it imports nothing of the crate.
+//! used ([`RequestError`], [`AnswerError`]). Part of the seam: it imports nothing of the crate
+//! but the seam's [`super::media`].
 
 /// Why a body is not a request the proxy can handle, in any dialect; each becomes a 400 in
 /// the client's own error shape.
@@ -112,8 +113,8 @@ pub struct ToolCall {
 pub struct MessageView {
     /// Text of the content (string content, or the text parts joined by newlines).
     pub text: String,
-    /// Number of image (or other non-text media) parts.
-    pub media_parts: usize,
+    /// The media parts (images, documents, audio, files), at any depth, in order.
+    pub media: Vec<super::media::Media>,
     pub name: Option<String>,
     pub tool_calls: Vec<ToolCall>,
     pub tool_call_id: Option<String>,

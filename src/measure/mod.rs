@@ -26,6 +26,8 @@ pub struct ElementFacts {
     pub canonical: Hash,
     /// Tokens, overhead included.
     pub tokens: u64,
+    /// Whether the count holds a guess at some media's cost ([`WireRequest::guessed_media`]).
+    pub guessed_media: bool,
 }
 
 /// The measurement of a whole request.
@@ -104,6 +106,7 @@ impl Meter {
         let facts = ElementFacts {
             canonical: request.canonical(index),
             tokens: request.tokens_until(encoding, index, cancel)?,
+            guessed_media: request.guessed_media(index),
         };
         self.cache.insert(key, facts);
         Some(facts)
@@ -127,6 +130,7 @@ impl Meter {
         let facts = ElementFacts {
             canonical: key.1,
             tokens,
+            guessed_media: false,
         };
         self.cache.insert(key, facts);
         Some(tokens)
@@ -193,7 +197,7 @@ mod tests {
         let a = meter.measure(&plain).total();
         let b = meter.measure(&with_tools).total();
         assert!(
-            b > a + crate::dialect::chat::count::TOKENS_PER_MEDIA_PART + TOKENS_FOR_TOOLS,
+            b > a + crate::dialect::media::OPENAI_MAX_IMAGE_TOKENS + TOKENS_FOR_TOOLS,
             "{a} {b}"
         );
     }

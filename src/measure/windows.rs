@@ -3,7 +3,7 @@
 //!
 //! An overflow error that states the window teaches it outright. One that states none only
 //! says that the prompt sent did not fit: an upper bound ([`WindowBound`]), learned only from a
-//! prompt the proxy could count (no media) and kept per tenant. It applies at once to the
+//! prompt the proxy could count (no guessed media) and kept per tenant. It applies at once to the
 //! tenant whose request overflowed, and to everyone else only once `min_tenants` tenants have
 //! each met one ([`bound_for`]); it is forgotten after its own, shorter age, or as soon as the
 //! provider accepts a larger prompt.

@@ -17,6 +17,7 @@ pub mod wire;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
+use crate::dialect::media::{self, Billing, Media};
 use crate::dialect::overflow::{self, Overflow};
 use crate::dialect::splice::to_raw;
 use crate::dialect::text::{cut_texts, part_texts, strings_in};
@@ -161,17 +162,36 @@ impl WireRequest for MessagesRequest {
     }
 
     fn transcript(&self, index: usize) -> String {
-        wire::transcript_entry(&self.messages[index])
+        // A tool result names the call it answers; the call's tool is in the message before.
+        let calls = index
+            .checked_sub(1)
+            .map(|i| view_of(&self.messages[i]).tool_calls)
+            .unwrap_or_default();
+        let name_of = |id: &str| {
+            calls
+                .iter()
+                .find(|c| c.id == id)
+                .map(|c| c.name.clone())
+        };
+        wire::transcript_entry(&self.messages[index], &name_of)
     }
 
+    /// The text of the blocks, and their media (images and documents, in tool results too) as
+    /// Anthropic bills them.
     fn tokens(&self, encoding: Encoding, index: usize) -> u64 {
-        let text: String = self.messages[index]
-            .blocks
+        let blocks = &self.messages[index].blocks;
+        let text: String = blocks.iter().map(block_text).collect::<Vec<_>>().join("\n");
+        let media: u64 = media_of(blocks)
             .iter()
-            .map(block_text)
-            .collect::<Vec<_>>()
-            .join("\n");
-        encoding.count(&text) + MESSAGE_OVERHEAD
+            .map(|m| m.cost(|t| encoding.count(t)))
+            .sum();
+        encoding.count(&text) + media + MESSAGE_OVERHEAD
+    }
+
+    fn guessed_media(&self, index: usize) -> bool {
+        media_of(&self.messages[index].blocks)
+            .iter()
+            .any(|m| m.guessed)
     }
 
     fn head_tokens(&self, encoding: Encoding) -> u64 {
@@ -301,7 +321,7 @@ fn view_of(message: &parse::Message) -> MessageView {
                 name: str_of("name").to_string(),
                 arguments: block.get("input").map(Value::to_string).unwrap_or_default(),
             }),
-            "image" | "document" => view.media_parts += 1,
+            "image" | "document" => {}
             kind => {
                 if kind == "tool_result" && view.tool_call_id.is_none() {
                     view.tool_call_id = Some(str_of("tool_use_id").to_string());
@@ -311,14 +331,25 @@ fn view_of(message: &parse::Message) -> MessageView {
         }
     }
     view.text = texts.join("\n");
+    view.media = media_of(&message.blocks);
     view
 }
 
-/// The text a block puts in front of the model.
+/// The media of a message's blocks, at any depth, as Anthropic bills them.
+fn media_of(blocks: &[Value]) -> Vec<Media> {
+    blocks
+        .iter()
+        .flat_map(|b| media::find(b, Billing::Anthropic))
+        .collect()
+}
+
+/// The text a block puts in front of the model, its media aside (they are billed by
+/// [`media_of`]).
 fn block_text(block: &Value) -> String {
     let str_of = |field: &str| block.get(field).and_then(Value::as_str).unwrap_or("");
     match block.get("type").and_then(Value::as_str).unwrap_or("") {
         "text" => str_of("text").to_string(),
+        "image" | "document" => String::new(),
         "thinking" => str_of("thinking").to_string(),
         "tool_use" | "server_tool_use" | "mcp_tool_use" => {
             format!(
@@ -334,7 +365,7 @@ fn block_text(block: &Value) -> String {
             }
             _ => String::new(),
         },
-        _ => block.to_string(),
+        _ => media::without_media(block).to_string(),
     }
 }
 

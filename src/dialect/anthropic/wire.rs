@@ -6,6 +6,7 @@ use serde_json::{json, Value};
 
 use super::parse::{Author, Message};
 use crate::dialect::text::{shorten, TRANSCRIPT_MESSAGE_CHARS, TRANSCRIPT_RESULT_CHARS};
+use crate::dialect::media::{self, Billing};
 use crate::dialect::AnswerError;
 
 /// Anthropic's error body: `{"type":"error","error":{"type","message"}}`.
@@ -95,8 +96,9 @@ pub fn usage_of(event: &Value) -> Option<&Value> {
         .or_else(|| event.get("message").and_then(|m| m.get("usage")))
 }
 
-/// One message rendered for the summarizer's transcript.
-pub fn transcript_entry(message: &Message) -> String {
+/// One message rendered for the summarizer's transcript; `call_name` names the tool of a
+/// `tool_use` id. Media appear as placeholders that name them, never as their bytes.
+pub fn transcript_entry(message: &Message, call_name: &dyn Fn(&str) -> Option<String>) -> String {
     let role = match message.role {
         Author::User => "user",
         Author::Assistant => "assistant",
@@ -120,6 +122,10 @@ pub fn transcript_entry(message: &Message) -> String {
                     str_of("id")
                 ));
             }
+            "image" | "document" => {
+                let media = media::read(block, Billing::Anthropic);
+                entry.push_str(&format!("[{role} attached {}]\n", media.describe()));
+            }
             "tool_result" | "mcp_tool_result" => {
                 let text = shorten(&result_text(block), TRANSCRIPT_RESULT_CHARS);
                 let error = if block.get("is_error") == Some(&Value::Bool(true)) {
@@ -127,10 +133,12 @@ pub fn transcript_entry(message: &Message) -> String {
                 } else {
                     ""
                 };
-                entry.push_str(&format!(
-                    "[tool result {}{error}]\n{text}\n",
-                    str_of("tool_use_id")
-                ));
+                let id = str_of("tool_use_id");
+                entry.push_str(&format!("[tool result {id}{error}]\n{text}\n"));
+                let name = call_name(id);
+                for media in media::find(block, Billing::Anthropic) {
+                    entry.push_str(&media::returned_by(&media, name.as_deref(), id));
+                }
             }
             // Earlier turns' reasoning is not needed to continue, and may be unreadable.
             "thinking" | "redacted_thinking" => {}
@@ -138,18 +146,24 @@ pub fn transcript_entry(message: &Message) -> String {
                 let text = shorten(str_of("content"), TRANSCRIPT_MESSAGE_CHARS);
                 entry.push_str(&format!("[earlier summary]\n{text}\n"));
             }
-            other => entry.push_str(&format!("[{role} attached {other}]\n")),
+            other => {
+                entry.push_str(&format!("[{role} attached {other}]\n"));
+                for media in media::find(block, Billing::Anthropic) {
+                    entry.push_str(&format!("[{role} attached {}]\n", media.describe()));
+                }
+            }
         }
     }
     entry
 }
 
-/// The text inside a tool result: a string, or its text blocks.
+/// The text inside a tool result: a string, or its text blocks (its media are listed after it).
 fn result_text(block: &Value) -> String {
     match block.get("content") {
         Some(Value::String(s)) => s.clone(),
         Some(Value::Array(parts)) => parts
             .iter()
+            .filter(|p| !media::is_media(p))
             .map(|p| match p.get("type").and_then(Value::as_str) {
                 Some("text") => p.get("text").and_then(Value::as_str).unwrap_or("").into(),
                 Some(other) => format!("[{other}]"),

@@ -1,5 +1,6 @@
 //! What a chat message costs in the prompt, following OpenAI's accounting: a fixed overhead per
-//! message, its role, content, name and tool calls, and a fixed cost per image.
+//! message, its role, content, name and tool calls, and its media as OpenAI bills them
+//! ([`crate::dialect::media`]).
 
 use crate::tokenizer::{Cancel, Encoding};
 
@@ -9,8 +10,6 @@ use super::request::Message;
 pub const TOKENS_PER_MESSAGE: u64 = 3;
 /// Extra cost of a `name` field.
 pub const TOKENS_PER_NAME: u64 = 1;
-/// Fixed cost charged per image or other media part (a 1024×1024 image at high detail).
-pub const TOKENS_PER_MEDIA_PART: u64 = 765;
 /// Overhead of each tool call inside an assistant message.
 pub const TOKENS_PER_TOOL_CALL: u64 = 8;
 
@@ -32,7 +31,8 @@ pub fn count_message_until(encoding: Encoding, message: &Message, cancel: &Cance
     if let Some(id) = &view.tool_call_id {
         tokens += count(id)?;
     }
-    Some(tokens + view.media_parts as u64 * TOKENS_PER_MEDIA_PART)
+    let media: u64 = view.media.iter().map(|m| m.cost(|t| encoding.count(t))).sum();
+    Some(tokens + media)
 }
 
 #[cfg(test)]

@@ -132,7 +132,11 @@ impl WireRequest for ChatRequest {
     }
 
     fn transcript(&self, index: usize) -> String {
-        transcript::transcript_entry(&self.messages[index])
+        let message = &self.messages[index];
+        let call = (!message.view().media.is_empty())
+            .then(|| self.call_name(index))
+            .flatten();
+        transcript::transcript_entry(message, call.as_deref())
     }
 
     fn tokens(&self, encoding: Encoding, index: usize) -> u64 {
@@ -145,6 +149,10 @@ impl WireRequest for ChatRequest {
 
     fn view(&self, index: usize) -> MessageView {
         self.messages[index].view().clone()
+    }
+
+    fn guessed_media(&self, index: usize) -> bool {
+        self.messages[index].view().media.iter().any(|m| m.guessed)
     }
 
     fn head_tokens(&self, encoding: Encoding) -> u64 {
@@ -175,6 +183,19 @@ impl WireRequest for ChatRequest {
     fn render(&self, through: &Through<'_>) -> Vec<u8> {
         let messages = render::messages_through(self, through);
         self.to_body(messages.iter().map(|m| &**m), self.asks_for_usage)
+    }
+}
+
+impl ChatRequest {
+    /// The name of the tool call that the tool message at `index` answers, from the assistant
+    /// message before it that made the call.
+    fn call_name(&self, index: usize) -> Option<String> {
+        let id = self.messages[index].view().tool_call_id.as_deref()?;
+        self.messages[..index].iter().rev().find_map(|m| {
+            let view = m.view();
+            let call = view.tool_calls.iter().find(|c| c.id == id)?;
+            Some(call.name.clone())
+        })
     }
 }
 

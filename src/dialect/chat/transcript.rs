@@ -4,12 +4,14 @@
 use serde_json::Value;
 
 use crate::dialect::text::{shorten, TRANSCRIPT_MESSAGE_CHARS, TRANSCRIPT_RESULT_CHARS};
+use crate::dialect::media::returned_by;
 use crate::dialect::{AnswerError, Role};
 
 use super::request::Message;
 
-/// One message rendered for the transcript.
-pub fn transcript_entry(message: &Message) -> String {
+/// One message rendered for the transcript; `call_name` names the tool call a tool result
+/// answers. Media appear as placeholders that name them, never as their bytes.
+pub fn transcript_entry(message: &Message, call_name: Option<&str>) -> String {
     let limit = if matches!(message.role, Role::Tool | Role::Other) {
         TRANSCRIPT_RESULT_CHARS
     } else {
@@ -26,17 +28,17 @@ pub fn transcript_entry(message: &Message) -> String {
                 .or(view.tool_call_id.as_deref())
                 .unwrap_or("tool");
             entry.push_str(&format!("[tool result {label}]\n{text}\n"));
+            let id = view.tool_call_id.as_deref().unwrap_or("");
+            for media in &view.media {
+                entry.push_str(&returned_by(media, call_name, id));
+            }
         }
         role => {
             if !text.is_empty() {
                 entry.push_str(&format!("[{}]\n{text}\n", role.as_str()));
             }
-            if view.media_parts > 0 {
-                entry.push_str(&format!(
-                    "[{} attached {} image(s)]\n",
-                    role.as_str(),
-                    view.media_parts
-                ));
+            for media in &view.media {
+                entry.push_str(&format!("[{} attached {}]\n", role.as_str(), media.describe()));
             }
             for call in &view.tool_calls {
                 let args = shorten(&call.arguments, TRANSCRIPT_RESULT_CHARS);
@@ -89,7 +91,11 @@ mod tests {
             {{"role":"tool","tool_call_id":"c1","content":"{long}"}}]}}"#
         );
         let req = ChatRequest::parse(body.as_bytes()).unwrap();
-        let entries: Vec<String> = req.messages.iter().map(transcript_entry).collect();
+        let entries: Vec<String> = req
+            .messages
+            .iter()
+            .map(|m| transcript_entry(m, None))
+            .collect();
         assert_eq!(entries[0], "[user]\nfix it\n");
         assert!(entries[1].contains("[assistant calls read (c1)]\n{\"path\":\"a.rs\"}"));
         assert!(

@@ -1,5 +1,5 @@
-//! The lenient reader of a chat message: its text, media parts, name and tool calls, as a
-//! [`MessageView`].
+//! The lenient reader of a chat message: its text, media parts (costed by OpenAI's rules, see
+//! [`crate::dialect::media`]), name and tool calls, as a [`MessageView`].
 //!
 //! Read leniently, so that what a client sent is counted and summarized even when it is not
 //! shaped as expected: a field of an unexpected type (`name: 5`, a non-string `text` part) is
@@ -8,6 +8,7 @@
 use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
+use crate::dialect::media::{self, Billing, MEDIA_TYPES};
 use crate::dialect::{MessageView, ToolCall};
 
 /// A JSON object's entries in order, repeated keys included (serde's derive rejects them).
@@ -99,13 +100,25 @@ fn read_content(view: &mut MessageView, content: &RawValue) {
             append_opt_text(&mut view.text, text_of(part));
             continue;
         }
-        let texts: Vec<String> = entries(part)
+        let fields = entries(part);
+        let kind = fields
+            .iter()
+            .find(|(k, _)| k == "type")
+            .and_then(|(_, v)| text_of(v));
+        if kind.is_some_and(|k| MEDIA_TYPES.contains(&k.as_str())) {
+            if let Ok(value) = serde_json::from_str(part.get()) {
+                view.media.push(media::read(&value, Billing::OpenAi));
+            }
+            continue;
+        }
+        let texts: Vec<String> = fields
             .into_iter()
-            .filter(|(k, _)| k == "text")
+            .filter(|(k, _)| k == "text" || k == "refusal")
             .filter_map(|(_, v)| text_of(v))
             .collect();
         if texts.is_empty() {
-            view.media_parts += 1;
+            // A part of a type the proxy does not know: what the model reads is no more than it.
+            append(&mut view.text, part.get());
         }
         for text in texts {
             append(&mut view.text, &text);
@@ -172,7 +185,7 @@ mod tests {
         assert_eq!(v.tool_call_id.as_deref(), Some("7"));
         let v = view(r#"{"role":"user","content":[{"type":"text","text":{"nested":"words"}}]}"#);
         assert_eq!(v.text, r#"{"nested":"words"}"#);
-        assert_eq!(v.media_parts, 0);
+        assert!(v.media.is_empty());
         let v = view(r#"{"role":"user","content":{"odd":"object content"}}"#);
         assert_eq!(v.text, r#"{"odd":"object content"}"#);
     }
@@ -199,8 +212,9 @@ mod tests {
         let v = view(
             r#"{"role":"user","content":[{"type":"text","text":"look"},{"type":"image_url","image_url":{"url":"x"}}]}"#,
         );
-        assert_eq!((v.text.as_str(), v.media_parts), ("look", 1));
+        assert_eq!((v.text.as_str(), v.media.len()), ("look", 1));
+        assert!(v.media[0].guessed, "an image behind a URL");
         let v = view(r#"{"role":"assistant","content":null}"#);
-        assert_eq!((v.text.as_str(), v.media_parts), ("", 0));
+        assert_eq!((v.text.as_str(), v.media.len()), ("", 0));
     }
 }

@@ -5,6 +5,7 @@ use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use super::items::{self, Item, ItemKind};
+use crate::dialect::media::{self, Billing, Media};
 use crate::dialect::splice::{self, to_raw, Fields};
 use crate::dialect::text::{
     cut_middle, cut_texts, part_texts, Arguments, TRANSCRIPT_MESSAGE_CHARS, TRANSCRIPT_RESULT_CHARS,
@@ -151,6 +152,21 @@ impl ResponsesRequest {
         items::readable(&self.items[index])
     }
 
+    /// The item's media parts, at any depth (a message's content, an output's parts).
+    fn media(&self, index: usize) -> Vec<Media> {
+        media::find_in_raw(self.items[index].raw.get(), Billing::OpenAi)
+    }
+
+    /// The tool name of the call item whose `call_id` is `id`.
+    fn call_name(&self, id: &str) -> Option<String> {
+        let call = self
+            .items
+            .iter()
+            .find(|i| i.kind == ItemKind::Call && i.call_id.as_deref() == Some(id))?;
+        let value: Value = serde_json::from_str(call.raw.get()).ok()?;
+        items::call_of(&value).0.map(str::to_string)
+    }
+
     /// A kept item with its long texts cut in the middle to about `keep_tokens` of its
     /// `tokens`: an output's text, a message's text, a call's arguments or input (a call that
     /// carries a whole file is kept, shortened, rather than summarized).
@@ -239,31 +255,65 @@ impl WireRequest for ResponsesRequest {
         identity::canonical_hash(&to_raw(&items::canonical(&self.items[index].raw)))
     }
 
+    /// The item's text, then a placeholder for each of its media (never their bytes).
     fn transcript(&self, index: usize) -> String {
-        let Some((label, text)) = self.text(index) else {
-            return String::new();
+        let item = &self.items[index];
+        let mut entry = match self.text(index) {
+            Some((label, text)) => {
+                let limit = match item.kind {
+                    ItemKind::Output | ItemKind::Call => TRANSCRIPT_RESULT_CHARS,
+                    _ => TRANSCRIPT_MESSAGE_CHARS,
+                };
+                let chars = text.chars().count();
+                let text = if chars > limit {
+                    cut_middle(&text, chars as u64, limit as u64)
+                } else {
+                    text
+                };
+                format!("[{label}]\n{text}\n")
+            }
+            None => String::new(),
         };
-        let limit = match self.items[index].kind {
-            ItemKind::Output | ItemKind::Call => TRANSCRIPT_RESULT_CHARS,
-            _ => TRANSCRIPT_MESSAGE_CHARS,
+        let found = self.media(index);
+        let call_id = item.call_id.as_deref().unwrap_or("");
+        let call_name = match item.kind {
+            ItemKind::Output if !found.is_empty() => self.call_name(call_id),
+            _ => None,
         };
-        let chars = text.chars().count();
-        let text = if chars > limit {
-            cut_middle(&text, chars as u64, limit as u64)
-        } else {
-            text
-        };
-        format!("[{label}]\n{text}\n")
+        for media in &found {
+            match &item.kind {
+                ItemKind::Output => {
+                    entry.push_str(&media::returned_by(media, call_name.as_deref(), call_id))
+                }
+                ItemKind::Message(role) => {
+                    entry.push_str(&format!("[{role} attached {}]\n", media.describe()))
+                }
+                _ => entry.push_str(&format!("[attached {}]\n", media.describe())),
+            }
+        }
+        entry
     }
 
+    /// The item's text and its media as OpenAI bills them; an item without readable text
+    /// (encrypted reasoning, an opaque compaction) costs its bytes, media aside.
     fn tokens(&self, encoding: Encoding, index: usize) -> u64 {
         let item = &self.items[index];
+        let found = self.media(index);
         let text = match self.text(index) {
             Some((label, text)) => encoding.count(&label) + encoding.count(&text),
-            // Unreadable items (encrypted reasoning, opaque compactions) still cost their bytes.
-            None => item.raw.get().len() as u64 / 4,
+            None if found.is_empty() => item.raw.get().len() as u64 / 4,
+            None => match item.kind {
+                ItemKind::Output | ItemKind::Message(_) => 0,
+                _ => serde_json::from_str::<Value>(item.raw.get())
+                    .map_or(0, |v| media::without_media(&v).to_string().len() as u64 / 4),
+            },
         };
-        TOKENS_PER_ITEM + text
+        let media: u64 = found.iter().map(|m| m.cost(|t| encoding.count(t))).sum();
+        TOKENS_PER_ITEM + text + media
+    }
+
+    fn guessed_media(&self, index: usize) -> bool {
+        self.media(index).iter().any(|m| m.guessed)
     }
 
     fn head_tokens(&self, encoding: Encoding) -> u64 {
@@ -308,6 +358,7 @@ impl WireRequest for ResponsesRequest {
             }
             _ => view.text = text(),
         }
+        view.media = self.media(index);
         view
     }
 

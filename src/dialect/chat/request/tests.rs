@@ -71,7 +71,7 @@ fn reads_tool_calls_and_parts() {
     )
     .unwrap();
     assert_eq!(req.settings.max_output_tokens, Some(50));
-    assert_eq!(req.messages[0].view().media_parts, 1);
+    assert_eq!(req.messages[0].view().media.len(), 1);
     assert_eq!(req.messages[0].view().text, "look");
     assert_eq!(req.messages[1].view().tool_calls[0].name, "read");
     assert_eq!(
