@@ -115,7 +115,9 @@ impl MediaKind {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Origin {
     /// In the request, base64: `bytes` once decoded.
-    Inline { bytes: u64 },
+    Inline {
+        bytes: u64,
+    },
     Url(String),
     FileId(String),
     Unknown,

@@ -1,7 +1,7 @@
 //! A mock Anthropic Messages provider on 127.0.0.1:0, for the `/v1/messages` tests.
 //!
-//! It counts a body's tokens as the o200k count of every string in `system` and `messages`
-//! (never more than the proxy's count), enforces a window with Anthropic's or llama.cpp's
+//! It counts a body's tokens as the o200k count of every string in `system` and `messages`,
+//! base64 media aside (never more than the proxy's count), enforces a window with Anthropic's or llama.cpp's
 //! overflow body, answers summary requests (`x-compactor-purpose: summary`) with numbered
 //! summaries, streams valid SSE with llama.cpp's split usage (`input_tokens` plus
 //! `cache_read_input_tokens`), answers `count_tokens`, and records everything.
@@ -92,7 +92,8 @@ impl MessagesMock {
     }
 }
 
-/// The mock's token count of a Messages body: every string in `system` and `messages`.
+/// The mock's token count of a Messages body: every string in `system` and `messages` but the
+/// base64 data of images and documents, which a provider decodes rather than reads.
 pub fn mock_tokens(body: &Value) -> u64 {
     fn strings(value: &Value, out: &mut String) {
         match value {
@@ -101,6 +102,7 @@ pub fn mock_tokens(body: &Value) -> u64 {
                 out.push('\n');
             }
             Value::Array(items) => items.iter().for_each(|v| strings(v, out)),
+            Value::Object(map) if map.get("type") == Some(&json!("base64")) => {}
             Value::Object(map) => map.values().for_each(|v| strings(v, out)),
             _ => {}
         }

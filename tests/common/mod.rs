@@ -11,7 +11,7 @@
 //! Beside it: [`messages_mock`] and [`responses_mock`], the same for one format each;
 //! [`provider_mock`], one mock serving all three formats alike (the dialect battery's);
 //! [`turns_dialect`], a wire format written only for the tests; [`redis_server`] and
-//! [`redis_cluster`], real Redis processes on free ports.
+//! [`redis_cluster`], real Redis processes on free ports; [`media`], real image and PDF bytes.
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
@@ -466,6 +466,7 @@ pub fn completion_json(text: &str, prompt_tokens: u64) -> Value {
     completion(text, prompt_tokens)
 }
 
+pub mod media;
 pub mod messages_mock;
 pub mod provider_mock;
 pub mod redis_cluster;

@@ -167,12 +167,7 @@ impl WireRequest for MessagesRequest {
             .checked_sub(1)
             .map(|i| view_of(&self.messages[i]).tool_calls)
             .unwrap_or_default();
-        let name_of = |id: &str| {
-            calls
-                .iter()
-                .find(|c| c.id == id)
-                .map(|c| c.name.clone())
-        };
+        let name_of = |id: &str| calls.iter().find(|c| c.id == id).map(|c| c.name.clone());
         wire::transcript_entry(&self.messages[index], &name_of)
     }
 

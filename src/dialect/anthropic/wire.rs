@@ -5,8 +5,8 @@
 use serde_json::{json, Value};
 
 use super::parse::{Author, Message};
-use crate::dialect::text::{shorten, TRANSCRIPT_MESSAGE_CHARS, TRANSCRIPT_RESULT_CHARS};
 use crate::dialect::media::{self, Billing};
+use crate::dialect::text::{shorten, TRANSCRIPT_MESSAGE_CHARS, TRANSCRIPT_RESULT_CHARS};
 use crate::dialect::AnswerError;
 
 /// Anthropic's error body: `{"type":"error","error":{"type","message"}}`.

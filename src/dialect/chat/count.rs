@@ -31,7 +31,11 @@ pub fn count_message_until(encoding: Encoding, message: &Message, cancel: &Cance
     if let Some(id) = &view.tool_call_id {
         tokens += count(id)?;
     }
-    let media: u64 = view.media.iter().map(|m| m.cost(|t| encoding.count(t))).sum();
+    let media: u64 = view
+        .media
+        .iter()
+        .map(|m| m.cost(|t| encoding.count(t)))
+        .sum();
     Some(tokens + media)
 }
 

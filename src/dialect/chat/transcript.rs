@@ -3,8 +3,8 @@
 
 use serde_json::Value;
 
-use crate::dialect::text::{shorten, TRANSCRIPT_MESSAGE_CHARS, TRANSCRIPT_RESULT_CHARS};
 use crate::dialect::media::returned_by;
+use crate::dialect::text::{shorten, TRANSCRIPT_MESSAGE_CHARS, TRANSCRIPT_RESULT_CHARS};
 use crate::dialect::{AnswerError, Role};
 
 use super::request::Message;
@@ -38,7 +38,11 @@ pub fn transcript_entry(message: &Message, call_name: Option<&str>) -> String {
                 entry.push_str(&format!("[{}]\n{text}\n", role.as_str()));
             }
             for media in &view.media {
-                entry.push_str(&format!("[{} attached {}]\n", role.as_str(), media.describe()));
+                entry.push_str(&format!(
+                    "[{} attached {}]\n",
+                    role.as_str(),
+                    media.describe()
+                ));
             }
             for call in &view.tool_calls {
                 let args = shorten(&call.arguments, TRANSCRIPT_RESULT_CHARS);

@@ -43,7 +43,9 @@ fn jpeg(width: u16, height: u16, exif: usize) -> Vec<u8> {
 /// A PDF with `pages` page objects, uncompressed.
 fn pdf(pages: usize) -> Vec<u8> {
     let mut text = String::from("%PDF-1.4\n1 0 obj << /Type /Catalog /Pages 2 0 R >> endobj\n");
-    text.push_str(&format!("2 0 obj << /Type /Pages /Count {pages} >> endobj\n"));
+    text.push_str(&format!(
+        "2 0 obj << /Type /Pages /Count {pages} >> endobj\n"
+    ));
     for p in 0..pages {
         text.push_str(&format!(
             "{} 0 obj << /Type/Page /Parent 2 0 R >> endobj\n",
@@ -144,7 +146,8 @@ fn what_cannot_be_read_costs_a_fixed_guess() {
         assert_eq!((media.tokens, media.guessed), (tokens, true), "{part}");
     }
     // A URL image at low detail costs 85 whatever it holds: no guess.
-    let low = json!({"type": "image_url", "image_url": {"url": "https://x/y.png", "detail": "low"}});
+    let low =
+        json!({"type": "image_url", "image_url": {"url": "https://x/y.png", "detail": "low"}});
     assert_eq!(
         (
             read(&low, Billing::OpenAi).tokens,
