@@ -28,7 +28,8 @@ pub(super) struct Conversation {
     pub(super) anchor: Option<Hash>,
     pub(super) roles: Vec<Role>,
     pub(super) message_tokens: Vec<u64>,
-    /// Which elements carry media whose cost is a guess ([`WireRequest::guessed_media`]).
+    /// Which elements carry media whose cost is a guess for this request's model
+    /// ([`WireRequest::media_cost`], [`WireRequest::media_rules_apply`]).
     pub(super) guessed_media: Vec<bool>,
     /// Whose request it is, as learned facts name tenants ([`super::learn::tenant_tag`]).
     pub(super) tenant: u64,
@@ -88,7 +89,12 @@ impl Engine {
         let first_turn = roles.iter().position(|r| !r.is_instruction());
         let anchor = identity::anchor(&chain, first_turn);
         let message_tokens = measured.elements.iter().map(|m| m.tokens).collect();
-        let guessed_media = measured.elements.iter().map(|m| m.guessed_media).collect();
+        let rules_apply = request.media_rules_apply();
+        let guessed_media = measured
+            .elements
+            .iter()
+            .map(|m| m.media.is_guess(rules_apply))
+            .collect();
         Conversation {
             request: request.clone(),
             measured,

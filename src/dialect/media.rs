@@ -7,8 +7,9 @@
 //! is base64 that the provider decodes: billed by what the bytes show (an image's width and
 //! height, a PDF's pages), never as text. The figures are all in this file's constants, each
 //! with where it comes from. A cost from a fixed figure (an image behind a URL or a file id, a
-//! format whose size cannot be read, a document's pages, audio) is a guess: nothing is learned
-//! from a prompt that holds one ([`Media::guessed`]).
+//! format whose size cannot be read, a document's pages, audio) is a guess, and so is any cost
+//! for a model whose provider does not publish these rules ([`Billing::applies_to`]): nothing is
+//! learned from a prompt that holds one.
 
 use std::borrow::Cow;
 use std::sync::LazyLock;
@@ -89,6 +90,58 @@ pub const MEDIA_TYPES: &[&str] = &[
 pub enum Billing {
     Anthropic,
     OpenAi,
+}
+
+impl Billing {
+    /// Whether `model` is one whose provider publishes these rules (Claude models for
+    /// Anthropic's, GPT and o-series models for OpenAI's). Another model served in the same
+    /// format (a local vision model behind llama.cpp, a gateway's) bills images its own way:
+    /// the cost of its images is a guess, even when their size is known.
+    pub fn applies_to(self, model: &str) -> bool {
+        let m = model.to_ascii_lowercase();
+        let m = m.rsplit('/').next().unwrap_or(&m);
+        match self {
+            Billing::Anthropic => m.starts_with("claude"),
+            Billing::OpenAi => ["gpt-", "chatgpt", "o1", "o3", "o4", "codex"]
+                .iter()
+                .any(|p| m.starts_with(p)),
+        }
+    }
+}
+
+/// How an element's media were costed, whatever the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MediaCost {
+    /// It has none.
+    #[default]
+    None,
+    /// By the provider's rule applied to what their bytes say (an image's size).
+    Read,
+    /// At least one at a fixed figure.
+    Guessed,
+}
+
+impl MediaCost {
+    /// How `media` (one element's) were costed.
+    pub fn of(media: &[Media]) -> MediaCost {
+        if media.iter().any(|m| m.guessed) {
+            MediaCost::Guessed
+        } else if media.is_empty() {
+            MediaCost::None
+        } else {
+            MediaCost::Read
+        }
+    }
+
+    /// Whether the cost is a guess for a request whose model is billed by the rules applied
+    /// (`rules_apply`, see [`Billing::applies_to`]) or not.
+    pub fn is_guess(self, rules_apply: bool) -> bool {
+        match self {
+            MediaCost::None => false,
+            MediaCost::Read => !rules_apply,
+            MediaCost::Guessed => true,
+        }
+    }
 }
 
 /// What a media part is.
@@ -319,7 +372,6 @@ pub fn read(part: &Value, billing: Billing) -> Media {
                     Some(data) => inline_image(str_of(source, "media_type"), &data, false, billing),
                     None => image_guess(Origin::Unknown, false, billing),
                 },
-                Some("url") => image_guess(origin_of(source), false, billing),
                 _ => image_guess(origin_of(source), false, billing),
             }
         }

@@ -171,12 +171,21 @@ pub trait WireRequest: Send + Sync {
     /// The element read as text, tool calls and the id of the call it answers: what the
     /// summary's record and the file lists are taken from, whatever the wire format.
     fn view(&self, index: usize) -> MessageView;
-    /// Whether the element carries media (an image, a document, audio, a file, at any depth)
-    /// whose cost [`WireRequest::tokens`] could only guess ([`media::Media::guessed`]): nothing
-    /// is learned from an answer to a prompt that holds one. The default, for a dialect that
-    /// does not read its media: any media at all.
-    fn guessed_media(&self, index: usize) -> bool {
-        media::holds_media(self.raw(index))
+    /// How the element's media (images, documents, audio, files, at any depth) were costed by
+    /// [`WireRequest::tokens`]: none, read from their bytes, or guessed. Nothing is learned from
+    /// an answer to a prompt whose media cost is a guess. The default, for a dialect that does
+    /// not read its media: any media at all is a guess.
+    fn media_cost(&self, index: usize) -> media::MediaCost {
+        if media::holds_media(self.raw(index)) {
+            media::MediaCost::Guessed
+        } else {
+            media::MediaCost::None
+        }
+    }
+    /// Whether the model asked for bills media by the rules the dialect costs them with
+    /// ([`media::Billing::applies_to`]); if not, even media read from their bytes are a guess.
+    fn media_rules_apply(&self) -> bool {
+        false
     }
 
     /// Tokens of the pinned head that is not an element (chat: `tools`), overhead included.

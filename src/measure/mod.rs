@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use quick_cache::sync::Cache;
 
+use crate::dialect::media::MediaCost;
 use crate::dialect::WireRequest;
 use crate::identity::Hash;
 use crate::tokenizer::{Cancel, Encoding, REPLY_PRIMING};
@@ -26,8 +27,8 @@ pub struct ElementFacts {
     pub canonical: Hash,
     /// Tokens, overhead included.
     pub tokens: u64,
-    /// Whether the count holds a guess at some media's cost ([`WireRequest::guessed_media`]).
-    pub guessed_media: bool,
+    /// How its media were costed ([`WireRequest::media_cost`]).
+    pub media: MediaCost,
 }
 
 /// The measurement of a whole request.
@@ -106,7 +107,7 @@ impl Meter {
         let facts = ElementFacts {
             canonical: request.canonical(index),
             tokens: request.tokens_until(encoding, index, cancel)?,
-            guessed_media: request.guessed_media(index),
+            media: request.media_cost(index),
         };
         self.cache.insert(key, facts);
         Some(facts)
@@ -130,7 +131,7 @@ impl Meter {
         let facts = ElementFacts {
             canonical: key.1,
             tokens,
-            guessed_media: false,
+            media: MediaCost::None,
         };
         self.cache.insert(key, facts);
         Some(tokens)

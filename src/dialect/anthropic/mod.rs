@@ -17,7 +17,7 @@ pub mod wire;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use crate::dialect::media::{self, Billing, Media};
+use crate::dialect::media::{self, Billing, Media, MediaCost};
 use crate::dialect::overflow::{self, Overflow};
 use crate::dialect::splice::to_raw;
 use crate::dialect::text::{cut_texts, part_texts, strings_in};
@@ -183,10 +183,12 @@ impl WireRequest for MessagesRequest {
         encoding.count(&text) + media + MESSAGE_OVERHEAD
     }
 
-    fn guessed_media(&self, index: usize) -> bool {
-        media_of(&self.messages[index].blocks)
-            .iter()
-            .any(|m| m.guessed)
+    fn media_cost(&self, index: usize) -> MediaCost {
+        MediaCost::of(&media_of(&self.messages[index].blocks))
+    }
+
+    fn media_rules_apply(&self) -> bool {
+        Billing::Anthropic.applies_to(self.model())
     }
 
     fn head_tokens(&self, encoding: Encoding) -> u64 {

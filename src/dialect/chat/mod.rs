@@ -18,6 +18,7 @@ pub mod view;
 
 use serde_json::json;
 
+use crate::dialect::media::{Billing, MediaCost};
 use crate::dialect::overflow::{self, Overflow};
 use crate::dialect::{
     AnswerError, CallSettings, ClientError, Dialect, MessageView, RequestError, Role,
@@ -151,8 +152,12 @@ impl WireRequest for ChatRequest {
         self.messages[index].view().clone()
     }
 
-    fn guessed_media(&self, index: usize) -> bool {
-        self.messages[index].view().media.iter().any(|m| m.guessed)
+    fn media_cost(&self, index: usize) -> MediaCost {
+        MediaCost::of(&self.messages[index].view().media)
+    }
+
+    fn media_rules_apply(&self) -> bool {
+        Billing::OpenAi.applies_to(self.model())
     }
 
     fn head_tokens(&self, encoding: Encoding) -> u64 {

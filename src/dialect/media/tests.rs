@@ -227,3 +227,26 @@ fn a_tool_results_media_name_the_call_that_returned_them() {
         "[image (at https://example.com/a.png) returned by the call screenshot (call_1)]\n"
     );
 }
+
+#[test]
+fn a_cost_read_from_the_bytes_is_a_guess_for_a_model_billed_by_other_rules() {
+    let known = read(
+        &json!({"type": "input_image", "image_url": format!("data:image/png;base64,{}", b64(&png(640, 480, 3_000)))}),
+        Billing::OpenAi,
+    );
+    let unknown = read(
+        &json!({"type": "input_image", "file_id": "file-1"}),
+        Billing::OpenAi,
+    );
+    assert_eq!(MediaCost::of(&[]), MediaCost::None);
+    assert_eq!(MediaCost::of(&[known.clone()]), MediaCost::Read);
+    assert_eq!(MediaCost::of(&[known, unknown]), MediaCost::Guessed);
+    assert!(!MediaCost::Read.is_guess(true) && MediaCost::Read.is_guess(false));
+    assert!(MediaCost::Guessed.is_guess(true) && !MediaCost::None.is_guess(false));
+    assert!(
+        Billing::OpenAi.applies_to("gpt-4o-mini") && Billing::OpenAi.applies_to("openai/o4-mini")
+    );
+    assert!(!Billing::OpenAi.applies_to("qwen2.5-vl-7b"));
+    assert!(Billing::Anthropic.applies_to("claude-sonnet-4-5"));
+    assert!(!Billing::Anthropic.applies_to("gpt-4o"));
+}

@@ -5,7 +5,7 @@ use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use super::items::{self, Item, ItemKind};
-use crate::dialect::media::{self, Billing, Media};
+use crate::dialect::media::{self, Billing, Media, MediaCost};
 use crate::dialect::splice::{self, to_raw, Fields};
 use crate::dialect::text::{
     cut_middle, cut_texts, part_texts, Arguments, TRANSCRIPT_MESSAGE_CHARS, TRANSCRIPT_RESULT_CHARS,
@@ -312,8 +312,12 @@ impl WireRequest for ResponsesRequest {
         TOKENS_PER_ITEM + text + media
     }
 
-    fn guessed_media(&self, index: usize) -> bool {
-        self.media(index).iter().any(|m| m.guessed)
+    fn media_cost(&self, index: usize) -> MediaCost {
+        MediaCost::of(&self.media(index))
+    }
+
+    fn media_rules_apply(&self) -> bool {
+        Billing::OpenAi.applies_to(self.model())
     }
 
     fn head_tokens(&self, encoding: Encoding) -> u64 {
