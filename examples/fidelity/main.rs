@@ -410,7 +410,7 @@ async fn summarize_span(
     let style = style(args);
     let entries = span
         .iter()
-        .map(|m| transcript::transcript_entry(m))
+        .map(|m| transcript::transcript_entry(m, None))
         .collect();
     let mut running: Option<String> = None;
     let chunks = prompt::chunk(entries, encoding, budget);

@@ -239,7 +239,7 @@ fn a_cost_read_from_the_bytes_is_a_guess_for_a_model_billed_by_other_rules() {
         Billing::OpenAi,
     );
     assert_eq!(MediaCost::of(&[]), MediaCost::None);
-    assert_eq!(MediaCost::of(&[known.clone()]), MediaCost::Read);
+    assert_eq!(MediaCost::of(std::slice::from_ref(&known)), MediaCost::Read);
     assert_eq!(MediaCost::of(&[known, unknown]), MediaCost::Guessed);
     assert!(!MediaCost::Read.is_guess(true) && MediaCost::Read.is_guess(false));
     assert!(MediaCost::Guessed.is_guess(true) && !MediaCost::None.is_guess(false));
