@@ -32,6 +32,7 @@ const SEAM: &[&str] = &[
     "dialect/splice.rs",
     "dialect/text.rs",
     "dialect/media.rs",
+    "dialect/media_parts.rs",
     "dialect/overflow.rs",
 ];
 

@@ -30,7 +30,8 @@
 //!
 //! ## The floor
 //!
-//! This file, [`vocabulary`], [`splice`], [`text`], [`media`] and [`overflow`] are the seam: the
+//! This file, [`vocabulary`], [`splice`], [`text`], [`media`], [`media_parts`] and [`overflow`]
+//! are the seam: the
 //! words the core and the dialects share (roles, views, errors), the body splicing, text cutting
 //! and media costing every dialect uses, and the providers' overflow wording. The seam imports nothing of the core
 //! ([`crate::compaction`], [`crate::measure`]) and nothing of a dialect; beneath it are only
@@ -44,6 +45,7 @@
 pub mod anthropic;
 pub mod chat;
 pub mod media;
+pub mod media_parts;
 pub mod overflow;
 pub mod registry;
 pub mod responses;
@@ -176,7 +178,7 @@ pub trait WireRequest: Send + Sync {
     /// an answer to a prompt whose media cost is a guess. The default, for a dialect that does
     /// not read its media: any media at all is a guess.
     fn media_cost(&self, index: usize) -> media::MediaCost {
-        if media::holds_media(self.raw(index)) {
+        if media_parts::holds_media(self.raw(index)) {
             media::MediaCost::Guessed
         } else {
             media::MediaCost::None

@@ -17,7 +17,8 @@ pub mod wire;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use crate::dialect::media::{self, Billing, Media, MediaCost};
+use crate::dialect::media::{Billing, Media, MediaCost};
+use crate::dialect::media_parts;
 use crate::dialect::overflow::{self, Overflow};
 use crate::dialect::splice::to_raw;
 use crate::dialect::text::{cut_texts, part_texts, strings_in};
@@ -336,7 +337,7 @@ fn view_of(message: &parse::Message) -> MessageView {
 fn media_of(blocks: &[Value]) -> Vec<Media> {
     blocks
         .iter()
-        .flat_map(|b| media::find(b, Billing::Anthropic))
+        .flat_map(|b| media_parts::find(b, Billing::Anthropic))
         .collect()
 }
 
@@ -362,7 +363,7 @@ fn block_text(block: &Value) -> String {
             }
             _ => String::new(),
         },
-        _ => media::without_media(block).to_string(),
+        _ => media_parts::without_media(block).to_string(),
     }
 }
 

@@ -6,6 +6,7 @@ use serde_json::{json, Value};
 
 use super::parse::{Author, Message};
 use crate::dialect::media::{self, Billing};
+use crate::dialect::media_parts;
 use crate::dialect::text::{shorten, TRANSCRIPT_MESSAGE_CHARS, TRANSCRIPT_RESULT_CHARS};
 use crate::dialect::AnswerError;
 
@@ -123,7 +124,7 @@ pub fn transcript_entry(message: &Message, call_name: &dyn Fn(&str) -> Option<St
                 ));
             }
             "image" | "document" => {
-                let media = media::read(block, Billing::Anthropic);
+                let media = media_parts::read(block, Billing::Anthropic);
                 entry.push_str(&format!("[{role} attached {}]\n", media.describe()));
             }
             "tool_result" | "mcp_tool_result" => {
@@ -136,7 +137,7 @@ pub fn transcript_entry(message: &Message, call_name: &dyn Fn(&str) -> Option<St
                 let id = str_of("tool_use_id");
                 entry.push_str(&format!("[tool result {id}{error}]\n{text}\n"));
                 let name = call_name(id);
-                for media in media::find(block, Billing::Anthropic) {
+                for media in media_parts::find(block, Billing::Anthropic) {
                     entry.push_str(&media::returned_by(&media, name.as_deref(), id));
                 }
             }
@@ -148,7 +149,7 @@ pub fn transcript_entry(message: &Message, call_name: &dyn Fn(&str) -> Option<St
             }
             other => {
                 entry.push_str(&format!("[{role} attached {other}]\n"));
-                for media in media::find(block, Billing::Anthropic) {
+                for media in media_parts::find(block, Billing::Anthropic) {
                     entry.push_str(&format!("[{role} attached {}]\n", media.describe()));
                 }
             }
@@ -163,7 +164,7 @@ fn result_text(block: &Value) -> String {
         Some(Value::String(s)) => s.clone(),
         Some(Value::Array(parts)) => parts
             .iter()
-            .filter(|p| !media::is_media(p))
+            .filter(|p| !media_parts::is_media(p))
             .map(|p| match p.get("type").and_then(Value::as_str) {
                 Some("text") => p.get("text").and_then(Value::as_str).unwrap_or("").into(),
                 Some(other) => format!("[{other}]"),

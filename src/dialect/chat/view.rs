@@ -1,5 +1,5 @@
 //! The lenient reader of a chat message: its text, media parts (costed by OpenAI's rules, see
-//! [`crate::dialect::media`]), name and tool calls, as a [`MessageView`].
+//! [`crate::dialect::media_parts`]), name and tool calls, as a [`MessageView`].
 //!
 //! Read leniently, so that what a client sent is counted and summarized even when it is not
 //! shaped as expected: a field of an unexpected type (`name: 5`, a non-string `text` part) is
@@ -8,7 +8,8 @@
 use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
-use crate::dialect::media::{self, Billing, MEDIA_TYPES};
+use crate::dialect::media::Billing;
+use crate::dialect::media_parts::{self, MEDIA_TYPES};
 use crate::dialect::{MessageView, ToolCall};
 
 /// A JSON object's entries in order, repeated keys included (serde's derive rejects them).
@@ -107,7 +108,7 @@ fn read_content(view: &mut MessageView, content: &RawValue) {
             .and_then(|(_, v)| text_of(v));
         if kind.is_some_and(|k| MEDIA_TYPES.contains(&k.as_str())) {
             if let Ok(value) = serde_json::from_str(part.get()) {
-                view.media.push(media::read(&value, Billing::OpenAi));
+                view.media.push(media_parts::read(&value, Billing::OpenAi));
             }
             continue;
         }

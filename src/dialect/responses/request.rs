@@ -6,6 +6,7 @@ use serde_json::{json, Value};
 
 use super::items::{self, Item, ItemKind};
 use crate::dialect::media::{self, Billing, Media, MediaCost};
+use crate::dialect::media_parts;
 use crate::dialect::splice::{self, to_raw, Fields};
 use crate::dialect::text::{
     cut_middle, cut_texts, part_texts, Arguments, TRANSCRIPT_MESSAGE_CHARS, TRANSCRIPT_RESULT_CHARS,
@@ -154,7 +155,7 @@ impl ResponsesRequest {
 
     /// The item's media parts, at any depth (a message's content, an output's parts).
     fn media(&self, index: usize) -> Vec<Media> {
-        media::find_in_raw(self.items[index].raw.get(), Billing::OpenAi)
+        media_parts::find_in_raw(self.items[index].raw.get(), Billing::OpenAi)
     }
 
     /// The tool name of the call item whose `call_id` is `id`.
@@ -304,8 +305,9 @@ impl WireRequest for ResponsesRequest {
             None if found.is_empty() => item.raw.get().len() as u64 / 4,
             None => match item.kind {
                 ItemKind::Output | ItemKind::Message(_) => 0,
-                _ => serde_json::from_str::<Value>(item.raw.get())
-                    .map_or(0, |v| media::without_media(&v).to_string().len() as u64 / 4),
+                _ => serde_json::from_str::<Value>(item.raw.get()).map_or(0, |v| {
+                    media_parts::without_media(&v).to_string().len() as u64 / 4
+                }),
             },
         };
         let media: u64 = found.iter().map(|m| m.cost(|t| encoding.count(t))).sum();

@@ -2,6 +2,7 @@ use base64::engine::general_purpose::STANDARD;
 use serde_json::json;
 
 use super::*;
+use crate::dialect::media::*;
 
 /// A PNG of `width` × `height` whose header is real (signature, IHDR), padded to `size` bytes
 /// with a chunk of filler: enough for anything that reads the size from the header.
