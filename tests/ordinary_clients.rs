@@ -535,3 +535,69 @@ async fn a_provider_error_without_a_body_is_forwarded_unchanged() {
     let answers = raw_exchange(proxy.addr, request.as_bytes()).await;
     assert_eq!(answers, vec![(400, String::new())]);
 }
+
+/// Sends a whole request the way Python's `http.client` (under the OpenAI SDK, httpx alike)
+/// does: every byte of the body written before the answer is read. Returns the answer's status
+/// line, or the write or read error the client would see.
+async fn send_all_then_read(addr: &str, path: &str, body_len: usize) -> Result<String, String> {
+    let mut stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| e.to_string())?;
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {body_len}\r\n\r\n"
+    );
+    stream
+        .write_all(head.as_bytes())
+        .await
+        .map_err(|e| format!("writing the head: {e}"))?;
+    // A JSON string of spaces, written in 64 KB pieces as a socket client does.
+    let mut body = Vec::with_capacity(body_len);
+    body.extend_from_slice(
+        b"{\"model\":\"gpt-4o\",\"messages\":[{\"role\":\"user\",\"content\":\"",
+    );
+    body.resize(body_len - 4, b' ');
+    body.extend_from_slice(b"\"}]}");
+    for piece in body.chunks(64 * 1024) {
+        stream
+            .write_all(piece)
+            .await
+            .map_err(|e| format!("writing the body: {e}"))?;
+    }
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match stream.read(&mut buf).await {
+            Ok(0) => break,
+            Ok(n) => {
+                answer.extend_from_slice(&buf[..n]);
+                if answer.windows(4).any(|w| w == b"\r\n\r\n") {
+                    break;
+                }
+            }
+            Err(e) => return Err(format!("reading the answer: {e}")),
+        }
+    }
+    let text = String::from_utf8_lossy(&answer);
+    Ok(text.lines().next().unwrap_or_default().to_string())
+}
+
+#[tokio::test]
+async fn a_body_over_the_limit_is_answered_413_to_a_client_that_sends_it_all_first() {
+    let mock = start_mock().await;
+    let mut config = config(&mock.url());
+    config.max_body_bytes = 1024 * 1024;
+    let proxy = start_proxy(config).await;
+    let addr = proxy.url().trim_start_matches("http://").to_string();
+    // Declared too large (refused before reading), and over the limit only once read (a
+    // content-length the proxy cannot refuse up front is the same case for the drain). Four
+    // times the limit: far more than the kernel's socket buffers hold, so a proxy that closes
+    // at once makes the writes fail.
+    for path in ["/v1/chat/completions", "/v1/messages", "/v1/responses"] {
+        let status = send_all_then_read(&addr, path, 4 * 1024 * 1024).await;
+        assert_eq!(
+            status.as_deref(),
+            Ok("HTTP/1.1 413 Payload Too Large"),
+            "{path}: the client must read the 413, not a broken pipe"
+        );
+    }
+}

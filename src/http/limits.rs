@@ -5,6 +5,10 @@
 //! process-wide budget from the first byte until the handler is done with them. A declared
 //! `Content-Length` is checked before anything is read, so an oversized body is refused without
 //! `100 Continue` and without reading it; a body without one reserves its budget as it arrives.
+//! A refused body is read to its end and thrown away (up to [`DRAIN_MAX_BYTES`], for at most
+//! [`DRAIN_MAX_TIME`]) before the 413 goes out: clients such as Python's `http.client` (under the
+//! OpenAI SDK) and httpx write the whole body before they read the answer, and a proxy that
+//! closed at once would leave them with a broken pipe instead of the 413.
 //! When the budget is spent the request is refused with 503 and `retry-after`, rather than
 //! queued: the client's own retry logic knows what to do with that, and nothing piles up here.
 //! Pass-through bodies are streamed, never buffered, so they only get the read timeout.
@@ -36,6 +40,28 @@ use super::error::ApiError;
 /// Bytes reserved at a time for a body of unknown length, so that a body arriving in small
 /// frames does not take the semaphore for each one.
 const RESERVE_STEP: usize = 64 * 1024;
+
+/// The most of a refused body read and thrown away so that its client gets to read the 413. A
+/// declared body larger than this is refused at once: reading part of it would not help.
+pub const DRAIN_MAX_BYTES: usize = 64 * 1024 * 1024;
+
+/// The longest a refused body is read for, as nginx bounds its lingering close.
+pub const DRAIN_MAX_TIME: Duration = Duration::from_secs(5);
+
+/// Reads what is left of a refused body and throws it away, within [`DRAIN_MAX_BYTES`] (counting
+/// the `already` read) and [`DRAIN_MAX_TIME`]. Nothing is kept, so it costs no budget.
+async fn drain(body: &mut Body, already: usize) {
+    let mut read = already;
+    let reading = async {
+        while read <= DRAIN_MAX_BYTES {
+            match body.frame().await {
+                Some(Ok(frame)) => read += frame.data_ref().map_or(0, Bytes::len),
+                Some(Err(_)) | None => break,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(DRAIN_MAX_TIME, reading).await;
+}
 
 /// The longest model name accepted. Real ones (a provider's model, a deployment, a Bedrock
 /// ARN, a path on a model hub) are well under 200 bytes.
@@ -166,8 +192,12 @@ impl Limits {
         headers: &HeaderMap,
         body: Body,
     ) -> Result<(Bytes, BodyBudget), ApiError> {
+        let mut body = body;
         let declared = declared_length(headers)?;
-        if declared.is_some_and(|n| n > self.max_body_bytes) {
+        if let Some(n) = declared.filter(|&n| n > self.max_body_bytes) {
+            if n <= DRAIN_MAX_BYTES {
+                drain(&mut body, 0).await;
+            }
             return Err(ApiError::TooLarge {
                 limit: self.max_body_bytes,
             });
@@ -175,7 +205,6 @@ impl Limits {
         let mut budget = self.reserve(None, declared.unwrap_or(0))?;
         let mut reserved = declared.unwrap_or(0);
         let mut collected = Vec::with_capacity(declared.unwrap_or(0));
-        let mut body = body;
         let read = async {
             while let Some(frame) = body.frame().await {
                 let frame = frame.map_err(|e| {
@@ -200,6 +229,10 @@ impl Limits {
             Ok(())
         };
         match tokio::time::timeout(self.body_read_timeout, read).await {
+            Ok(Err(too_large @ ApiError::TooLarge { .. })) => {
+                drain(&mut body, collected.len()).await;
+                return Err(too_large);
+            }
             Ok(result) => result?,
             Err(_) => return Err(self.timed_out()),
         }
@@ -267,12 +300,22 @@ impl Limits {
         })
     }
 
-    /// Refuses a declared body larger than the limit, before any of it is read.
-    pub fn check_declared(&self, headers: &HeaderMap) -> Result<(), ApiError> {
+    /// Refuses a declared body larger than the limit, before any of it is kept (what the client
+    /// sends anyway is drained, so that it reads the 413).
+    pub async fn check_declared(
+        &self,
+        headers: &HeaderMap,
+        body: &mut Body,
+    ) -> Result<(), ApiError> {
         match declared_length(headers)? {
-            Some(n) if n > self.max_body_bytes => Err(ApiError::TooLarge {
-                limit: self.max_body_bytes,
-            }),
+            Some(n) if n > self.max_body_bytes => {
+                if n <= DRAIN_MAX_BYTES {
+                    drain(body, 0).await;
+                }
+                Err(ApiError::TooLarge {
+                    limit: self.max_body_bytes,
+                })
+            }
             _ => Ok(()),
         }
     }

@@ -57,9 +57,9 @@ async fn passthrough_inner(
     method: Method,
     uri: &Uri,
     headers: &HeaderMap,
-    body: Body,
+    mut body: Body,
 ) -> Result<Response, ApiError> {
-    app.limits.check_declared(headers)?;
+    app.limits.check_declared(headers, &mut body).await?;
     let confined = path::confine(uri.path()).map_err(|e| ApiError::BadRequest {
         message: format!("refused path: {e}"),
         param: None,
