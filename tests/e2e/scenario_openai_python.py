@@ -3,7 +3,8 @@
 The conversation alternates non-streaming and streaming turns and goes on until the full
 history the client holds is at least E2E_HISTORY_FACTOR times the model's window and at least
 E2E_MIN_COMPACTIONS distinct checkpoints (summaries) were made. Every turn must succeed. At the
-end the newest summary is fetched from `GET /compactor/v1/checkpoints/{id}` and printed.
+end a body over the proxy's size limit must come back as the SDK's 413 error (not a broken pipe),
+and the newest summary is fetched from `GET /compactor/v1/checkpoints/{id}` and printed.
 
 Environment:
   COMPACTOR_URL        base URL of the proxy, with /v1 (required)
@@ -99,6 +100,23 @@ def main() -> int:
             break
     else:
         log(progress.gave_up(MAX_TURNS))
+        return 1
+
+    # A body over the proxy's limit (32 MiB by default): the SDK writes it whole before it reads
+    # the answer, and must then read the 413 rather than fail on a broken pipe.
+    try:
+        client.chat.completions.create(
+            model=MODEL, max_tokens=1,
+            messages=[{"role": "user", "content": " " * (33 * 1024 * 1024)}])
+        log("a body over the limit was accepted")
+        return 1
+    except openai.APIStatusError as e:
+        if e.status_code != 413:
+            log(f"a body over the limit got {e.status_code}, not 413: {e.response.text[:200]}")
+            return 1
+        log(f"a body over the limit: the SDK read the 413 ({e.message[:80]})")
+    except openai.APIConnectionError as e:
+        log(f"a body over the limit: the SDK saw no answer ({e!r}), not the 413")
         return 1
 
     checkpoints = progress.checkpoints
