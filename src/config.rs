@@ -50,6 +50,7 @@ pub struct Config {
     pub compaction: CompactionConfig,
     pub summarizer: SummarizerConfig,
     pub responses: ResponsesConfig,
+    pub timeline: TimelineConfig,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -106,6 +107,26 @@ pub struct ResponsesConfig {
     pub compaction_secret_env: String,
 }
 
+/// The history of each conversation's requests that the conversation page shows, kept in the
+/// store.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TimelineConfig {
+    pub enabled: bool,
+    pub requests_per_conversation: usize,
+    pub conversations: usize,
+}
+
+impl Default for TimelineConfig {
+    fn default() -> Self {
+        TimelineConfig {
+            enabled: true,
+            requests_per_conversation: 200,
+            conversations: 500,
+        }
+    }
+}
+
 /// Who answers the compaction a Responses client asks for (`POST /v1/responses/compact`, an
 /// `input` ending in `compaction_trigger`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -146,6 +167,7 @@ impl Default for Config {
             compaction: CompactionConfig::default(),
             summarizer: SummarizerConfig::default(),
             responses: ResponsesConfig::default(),
+            timeline: TimelineConfig::default(),
         }
     }
 }
@@ -271,6 +293,11 @@ impl Config {
             ("header_read_timeout_ms", self.header_read_timeout_ms),
             ("body_read_timeout_ms", self.body_read_timeout_ms),
             ("max_connections", self.max_connections as u64),
+            (
+                "timeline.requests_per_conversation",
+                self.timeline.requests_per_conversation as u64,
+            ),
+            ("timeline.conversations", self.timeline.conversations as u64),
         ] {
             if value == 0 {
                 return bad(format!("{key} must be positive"));

@@ -35,7 +35,7 @@ use crate::http::parse_error_bodies::{Answered, ParseErrorBodies};
 use crate::http::{router, ApiError, App};
 use crate::measure::{windows::WindowTable, Meter};
 use crate::metrics::Metrics;
-use crate::store::{self, CheckpointStore};
+use crate::store::{self, CheckpointStore, TimelineBounds};
 use crate::upstream::summarizer::HttpSummarizer;
 use crate::upstream::{KeyHeader, Upstream};
 
@@ -137,6 +137,10 @@ pub fn build_with_store(
         calibrate_streams: config.compaction.calibrate_streams,
         admin_token: Some(config.admin_token.clone()).filter(|t| !t.is_empty()),
         gateway_keys,
+        timeline: config.timeline.enabled.then_some(TimelineBounds {
+            requests_per_conversation: config.timeline.requests_per_conversation,
+            conversations: config.timeline.conversations,
+        }),
         client_compaction: ClientCompaction {
             emulate: config.emulates_responses_compaction(),
             sealer: match config.compaction_secret() {

@@ -153,6 +153,9 @@ pub struct Outcome {
     pub sent_raw_tokens: SentCount,
     /// The conversation's id (its anchor, in hex) for logs, when it has one.
     pub conversation: Option<String>,
+    /// The conversation's whole anchor, in hex: what its checkpoints and timeline are kept
+    /// under.
+    pub anchor: Option<String>,
 }
 
 /// The body to send and what happened.

@@ -10,6 +10,7 @@ use super::limits::{ConnectionLimits, Limits};
 use crate::compaction::Engine;
 use crate::dialect::responses::sealed::Sealer;
 use crate::metrics::{Metrics, RequestLabels, Route};
+use crate::store::TimelineBounds;
 use crate::upstream::Upstream;
 
 /// Everything a handler needs.
@@ -27,6 +28,8 @@ pub struct App {
     pub gateway_keys: Option<GatewayKeys>,
     /// Who answers the compaction Responses clients ask for.
     pub client_compaction: ClientCompaction,
+    /// How much of each conversation's history the store keeps; `None`: none is recorded.
+    pub timeline: Option<TimelineBounds>,
 }
 
 /// Whether Compactor answers the compaction Responses clients ask for

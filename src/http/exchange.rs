@@ -16,6 +16,7 @@ use http::{HeaderMap, Method};
 
 use super::app::App;
 use super::client_compaction::{self, Intercepted};
+use super::conversations;
 use super::error::ApiError;
 use super::headers::{
     credential_headers, forwarded_headers, instructions, mode, outcome_headers,
@@ -436,6 +437,17 @@ impl<'a> Exchange<'a> {
             overhead_ms = overhead.as_secs_f64() * 1000.0,
             "Served a {} request.",
             self.target.dialect.name()
+        );
+        conversations::record(
+            app,
+            self.tenant,
+            conversations::Served {
+                path: self.target.path,
+                model: request.model(),
+                status: status.as_u16(),
+                outcome: &outcome,
+                upstream_time: self.upstream_time,
+            },
         );
         let body = match error_body {
             Some(bytes) => Body::from(bytes),

@@ -11,12 +11,16 @@
 //!   it, and the items it minted coming back;
 //! - [`passthrough`]: everything else under `/v1/`;
 //! - [`status`] (health, readiness, metrics) and [`checkpoints`] (the checkpoint API);
+//! - [`conversations`] (each request's row in its conversation's timeline, and the endpoints
+//!   that read them) and [`ui`] (the page that shows them);
 //! - beneath them: [`app`] (what handlers share), [`tenant`] and [`gateway_keys`] (who is
-//!   calling), [`limits`], [`headers`], [`error`], [`path`], [`log`], [`parse_error_bodies`].
+//!   calling), [`reader`] (who may read what), [`limits`], [`headers`], [`error`], [`path`],
+//!   [`log`], [`parse_error_bodies`].
 
 pub mod app;
 mod checkpoints;
 pub mod client_compaction;
+mod conversations;
 pub mod error;
 mod exchange;
 pub mod gateway_keys;
@@ -27,10 +31,12 @@ pub mod parse_error_bodies;
 mod passthrough;
 pub mod path;
 mod probe;
+mod reader;
 mod routes;
 mod status;
 pub mod stream;
 pub mod tenant;
+mod ui;
 
 use std::sync::Arc;
 
@@ -77,6 +83,18 @@ pub fn router(app: Arc<App>) -> Router {
             "/compactor/v1/checkpoints/{id}",
             get(checkpoints::checkpoint),
         )
+        .route("/compactor/v1/conversations", get(conversations::list))
+        .route(
+            "/compactor/v1/conversations/{id}",
+            get(conversations::timeline),
+        )
+        .route(
+            "/compactor/v1/conversations/{id}/checkpoints",
+            get(conversations::checkpoints),
+        )
+        .route("/compactor/ui", get(ui::page))
+        .route("/compactor/ui/app.js", get(ui::script))
+        .route("/compactor/ui/app.css", get(ui::style))
         .fallback(status::not_found)
         .method_not_allowed_fallback(status::method_not_allowed)
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(

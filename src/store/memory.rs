@@ -7,9 +7,10 @@ use std::time::Duration;
 use quick_cache::sync::Cache;
 
 use super::lease::LeaseTable;
+use super::timeline::MemoryTimelines;
 use super::{
-    insert_newest_first, now_ms, Checkpoint, CheckpointStore, ModelFacts, StoreError,
-    MODEL_FACTS_IN_MEMORY,
+    insert_newest_first, now_ms, Checkpoint, CheckpointStore, ConversationEntry, ModelFacts, Owner,
+    RequestRow, StoreError, TimelineBounds, MODEL_FACTS_IN_MEMORY,
 };
 
 pub struct MemoryStore {
@@ -17,6 +18,7 @@ pub struct MemoryStore {
     /// Bounded: it is also the Redis store's local copy, which lives as long as the process.
     models: Cache<String, ModelFacts>,
     leases: LeaseTable,
+    timelines: MemoryTimelines,
 }
 
 impl Default for MemoryStore {
@@ -25,6 +27,7 @@ impl Default for MemoryStore {
             inner: Mutex::default(),
             models: Cache::new(MODEL_FACTS_IN_MEMORY),
             leases: LeaseTable::default(),
+            timelines: MemoryTimelines::default(),
         }
     }
 }
@@ -98,6 +101,28 @@ impl CheckpointStore for MemoryStore {
 
     async fn lease_holder(&self, key: &str) -> Result<Option<String>, StoreError> {
         Ok(self.leases.holder(key))
+    }
+
+    async fn record_request(
+        &self,
+        id: &str,
+        owner: &Owner,
+        row: &RequestRow,
+        bounds: TimelineBounds,
+    ) -> Result<(), StoreError> {
+        self.timelines.record(id, owner, row, bounds);
+        Ok(())
+    }
+
+    async fn conversations(&self) -> Result<Vec<ConversationEntry>, StoreError> {
+        Ok(self.timelines.conversations())
+    }
+
+    async fn timeline(
+        &self,
+        id: &str,
+    ) -> Result<Option<(ConversationEntry, Vec<RequestRow>)>, StoreError> {
+        Ok(self.timelines.timeline(id))
     }
 
     fn kind(&self) -> &'static str {

@@ -2,7 +2,8 @@
 //!
 //! [`CheckpointStore`] is the one interface; [`memory`] keeps everything in-process (tests),
 //! [`sqlite`] is the embedded default that survives restarts, and [`redis`] is shared by the
-//! replicas of a team gateway. Checkpoints are looked up by conversation anchor, which is already
+//! replicas of a team gateway. Each also keeps the bounded [`timeline`] of every conversation's
+//! requests (metadata only), which the conversation page reads. Checkpoints are looked up by conversation anchor, which is already
 //! seeded with the tenant, so a store never needs to filter by tenant to stay isolated.
 //! Model facts are keyed by a name the client chooses, so every store bounds what it holds of
 //! them in memory (`MODEL_FACTS_IN_MEMORY`) and forgets them when they lapse
@@ -13,11 +14,15 @@ pub mod memory;
 pub mod redis;
 pub mod sqlite;
 mod sqlite_file;
+mod sqlite_timeline;
+pub mod timeline;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
+
+pub use timeline::{ConversationEntry, Owner, RequestRow, TimelineBounds};
 
 /// Models whose facts a store keeps in memory; beyond this the least recently used are dropped
 /// from memory (not from the store). Client-chosen model names must not grow memory unbounded.
@@ -182,6 +187,22 @@ pub trait CheckpointStore: Send + Sync + 'static {
     async fn release_lease(&self, key: &str, holder: &str) -> Result<(), StoreError>;
     /// Who holds the lease `key` now, if anyone.
     async fn lease_holder(&self, key: &str) -> Result<Option<String>, StoreError>;
+    /// Adds `row` to the timeline of conversation `id` (an anchor, in hex), within `bounds`.
+    async fn record_request(
+        &self,
+        id: &str,
+        owner: &Owner,
+        row: &RequestRow,
+        bounds: TimelineBounds,
+    ) -> Result<(), StoreError>;
+    /// Every conversation with a timeline, the most recently active first (callers filter by
+    /// tenant).
+    async fn conversations(&self) -> Result<Vec<ConversationEntry>, StoreError>;
+    /// One conversation's entry and its kept rows, oldest first.
+    async fn timeline(
+        &self,
+        id: &str,
+    ) -> Result<Option<(ConversationEntry, Vec<RequestRow>)>, StoreError>;
     /// Whether the store is currently working as intended (false: degraded).
     fn healthy(&self) -> bool {
         true
@@ -381,5 +402,82 @@ pub(crate) mod contract {
             store.try_lease("k", "three", ttl).await.unwrap(),
             "leases expire"
         );
+        check_timelines(store).await;
+    }
+
+    pub fn row(at_ms: u64, checkpoint: Option<&str>) -> RequestRow {
+        RequestRow {
+            at_ms,
+            path: "/v1/chat/completions".into(),
+            model: "m".into(),
+            status: 200,
+            tokens_sent: 1000 + at_ms,
+            tokens_forwarded: 500,
+            window: 4000,
+            compacted: checkpoint.is_some(),
+            summarized: false,
+            ahead_of_time: false,
+            checkpoint: checkpoint.map(str::to_string),
+            summary_ms: 0,
+            upstream_ms: 3,
+            compaction_status: None,
+        }
+    }
+
+    /// Rows are kept newest within their bound, conversations within theirs (the least recently
+    /// active forgotten whole), compactions counted where the checkpoint changes.
+    async fn check_timelines(store: &dyn CheckpointStore) {
+        let bounds = TimelineBounds {
+            requests_per_conversation: 3,
+            conversations: 2,
+        };
+        let alice = Owner {
+            tenant: "ta".into(),
+            tenant_name: Some("alice".into()),
+        };
+        let bob = Owner {
+            tenant: "tb".into(),
+            tenant_name: None,
+        };
+        assert!(store.timeline("x").await.unwrap().is_none());
+        let checkpoints = [None, None, Some("c1"), Some("c1"), Some("c2")];
+        for (i, cp) in checkpoints.into_iter().enumerate() {
+            let row = row(10 + i as u64, cp);
+            store
+                .record_request("x", &alice, &row, bounds)
+                .await
+                .unwrap();
+        }
+        store
+            .record_request("y", &bob, &row(20, None), bounds)
+            .await
+            .unwrap();
+        let (entry, rows) = store.timeline("x").await.unwrap().unwrap();
+        assert_eq!(entry.owner, alice);
+        assert_eq!((entry.first_ms, entry.last_ms), (10, 14));
+        assert_eq!((entry.requests, entry.compactions), (5, 2));
+        assert_eq!(entry.last, row(14, Some("c2")));
+        assert_eq!(
+            rows.iter().map(|r| r.at_ms).collect::<Vec<_>>(),
+            vec![12, 13, 14],
+            "the newest rows, oldest first"
+        );
+        let listed = store.conversations().await.unwrap();
+        assert_eq!(
+            listed.iter().map(|e| e.id.as_str()).collect::<Vec<_>>(),
+            vec!["y", "x"]
+        );
+        assert_eq!(listed[0].owner, bob);
+        store
+            .record_request("z", &bob, &row(30, None), bounds)
+            .await
+            .unwrap();
+        let listed = store.conversations().await.unwrap();
+        assert_eq!(
+            listed.iter().map(|e| e.id.as_str()).collect::<Vec<_>>(),
+            vec!["z", "y"],
+            "the least recently active conversation is forgotten"
+        );
+        assert!(store.timeline("x").await.unwrap().is_none());
     }
 }

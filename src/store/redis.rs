@@ -12,6 +12,7 @@
 mod connection;
 mod degraded;
 mod layout;
+mod timeline;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
@@ -22,7 +23,10 @@ use quick_cache::sync::Cache;
 use redis::{AsyncCommands, RedisError};
 
 use super::memory::MemoryStore;
-use super::{is_fresh, without_expired, Checkpoint, CheckpointStore, ModelFacts, StoreError};
+use super::{
+    is_fresh, without_expired, Checkpoint, CheckpointStore, ConversationEntry, ModelFacts, Owner,
+    RequestRow, StoreError, TimelineBounds,
+};
 use connection::{Connection, Target, Timeouts};
 use degraded::{probe, ListWeight, Pending, CONNECT_TIMEOUT, LOCAL_BYTES};
 use layout::{lease_key, model_key, ttl_ms, Scripts};
@@ -334,6 +338,56 @@ impl CheckpointStore for RedisStore {
         match holder {
             Some(holder) => Ok(holder),
             None => s.local.lease_holder(key).await,
+        }
+    }
+
+    /// Recorded locally while Redis is away; those rows are not copied over later (the
+    /// history is for looking at, and checkpoints come first).
+    async fn record_request(
+        &self,
+        id: &str,
+        owner: &Owner,
+        row: &RequestRow,
+        bounds: TimelineBounds,
+    ) -> Result<(), StoreError> {
+        let s = &self.shared;
+        let recorded = s
+            .call("record_request", |mut m| async move {
+                timeline::record(&mut m, id, owner, row, bounds, s.ttl).await
+            })
+            .await;
+        match recorded {
+            Some(()) => Ok(()),
+            None => s.local.record_request(id, owner, row, bounds).await,
+        }
+    }
+
+    async fn conversations(&self) -> Result<Vec<ConversationEntry>, StoreError> {
+        let s = &self.shared;
+        match s
+            .call("conversations", |mut m| async move {
+                timeline::conversations(&mut m, s.ttl).await
+            })
+            .await
+        {
+            Some(entries) => Ok(entries),
+            None => s.local.conversations().await,
+        }
+    }
+
+    async fn timeline(
+        &self,
+        id: &str,
+    ) -> Result<Option<(ConversationEntry, Vec<RequestRow>)>, StoreError> {
+        let s = &self.shared;
+        match s
+            .call("timeline", |mut m| async move {
+                timeline::timeline(&mut m, id).await
+            })
+            .await
+        {
+            Some(found) => Ok(found),
+            None => s.local.timeline(id).await,
         }
     }
 

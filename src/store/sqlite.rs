@@ -22,9 +22,11 @@ use rusqlite::{params, OptionalExtension};
 
 use super::lease::LeaseTable;
 use super::sqlite_file::{prune_facts, unavailable, Database, Write, NEVER};
+use super::sqlite_timeline;
 use super::{
-    expiry_cutoff, insert_newest_first, is_fresh, now_ms, Checkpoint, CheckpointStore, ModelFacts,
-    StoreError, CHECKPOINTS_PER_CONVERSATION, MODEL_FACTS_IN_MEMORY, MODEL_FACTS_ROWS,
+    expiry_cutoff, insert_newest_first, is_fresh, now_ms, Checkpoint, CheckpointStore,
+    ConversationEntry, ModelFacts, Owner, RequestRow, StoreError, TimelineBounds,
+    CHECKPOINTS_PER_CONVERSATION, MODEL_FACTS_IN_MEMORY, MODEL_FACTS_ROWS,
 };
 
 /// Writes kept in memory while the file cannot take them (the oldest are dropped beyond this).
@@ -131,6 +133,7 @@ impl SqliteStore {
                     params![cutoff as i64],
                 )
                 .map_err(unavailable)?;
+            sqlite_timeline::prune(database.connection(), cutoff).map_err(unavailable)?;
         }
         Ok(SqliteStore {
             database: Arc::new(Mutex::new(database)),
@@ -321,6 +324,35 @@ impl CheckpointStore for SqliteStore {
 
     async fn lease_holder(&self, key: &str) -> Result<Option<String>, StoreError> {
         Ok(self.leases.holder(key))
+    }
+
+    async fn record_request(
+        &self,
+        id: &str,
+        owner: &Owner,
+        row: &RequestRow,
+        bounds: TimelineBounds,
+    ) -> Result<(), StoreError> {
+        let (id, owner, row) = (id.to_string(), owner.clone(), row.clone());
+        let database = self.database.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut db = database.lock().unwrap_or_else(|p| p.into_inner());
+            sqlite_timeline::record(db.connection_mut()?, &id, &owner, &row, bounds)
+        })
+        .await
+        .map_err(unavailable)?
+    }
+
+    async fn conversations(&self) -> Result<Vec<ConversationEntry>, StoreError> {
+        self.read(sqlite_timeline::conversations).await
+    }
+
+    async fn timeline(
+        &self,
+        id: &str,
+    ) -> Result<Option<(ConversationEntry, Vec<RequestRow>)>, StoreError> {
+        let id = id.to_string();
+        self.read(move |c| sqlite_timeline::timeline(c, &id)).await
     }
 
     /// Degraded while writes wait in memory. At most once a second this also looks for the

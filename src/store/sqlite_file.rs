@@ -95,7 +95,19 @@ impl Database {
                      body TEXT NOT NULL
                  );
                  CREATE INDEX IF NOT EXISTS checkpoints_by_anchor ON checkpoints (anchor, covered DESC, created_ms DESC);
-                 CREATE TABLE IF NOT EXISTS model_facts (model TEXT PRIMARY KEY, body TEXT NOT NULL);",
+                 CREATE TABLE IF NOT EXISTS model_facts (model TEXT PRIMARY KEY, body TEXT NOT NULL);
+                 CREATE TABLE IF NOT EXISTS timeline_conversations (
+                     id TEXT PRIMARY KEY,
+                     last_ms INTEGER NOT NULL,
+                     body TEXT NOT NULL
+                 );
+                 CREATE INDEX IF NOT EXISTS timeline_conversations_by_activity ON timeline_conversations (last_ms);
+                 CREATE TABLE IF NOT EXISTS timeline_requests (
+                     conversation TEXT NOT NULL,
+                     seq INTEGER NOT NULL,
+                     body TEXT NOT NULL,
+                     PRIMARY KEY (conversation, seq)
+                 );",
             )
             .map_err(|e| unavailable(format!("{}: {e}", path.display())))?;
         add_facts_expiry(&connection)
@@ -109,6 +121,13 @@ impl Database {
 
     pub(crate) fn connection(&self) -> &Connection {
         &self.connection
+    }
+
+    /// The connection for a transaction of its own, after putting the file back if it was
+    /// removed.
+    pub(crate) fn connection_mut(&mut self) -> Result<&mut Connection, StoreError> {
+        self.restore_file()?;
+        Ok(&mut self.connection)
     }
 
     /// Whether the file this database was opened on is still at its path.

@@ -1,0 +1,186 @@
+//! Conversation timelines in Redis, shared by every replica.
+//!
+//! Keys:
+//! - `compactor:{<anchor>}:timeline`: a list of the conversation's request rows (JSON), capped
+//!   to the newest `requests_per_conversation`;
+//! - `compactor:{<anchor>}:entry`: a hash of what the list shows of it (owner, first and last
+//!   request times, counts, the newest row), updated with the rows in one script;
+//! - `compactor:{timeline}:entries`: every conversation's entry as JSON, a copy the list reads
+//!   in one call, and `compactor:{timeline}:index`, a sorted set of the same conversations by
+//!   last activity, trimmed to `conversations` (the trimmed ones' keys are deleted).
+//!
+//! A conversation's two keys share its hash tag, and the list's two share theirs, so each
+//! script touches one slot: the same calls work on a single server and on a cluster. With a
+//! TTL, a conversation's keys expire that long after its newest request, like its checkpoints,
+//! and the list forgets it then too.
+
+use std::collections::HashMap;
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use redis::{AsyncCommands, RedisError, RedisResult, Script};
+
+use super::super::timeline::newest_first;
+use super::super::{expiry_cutoff, ConversationEntry, Owner, RequestRow, TimelineBounds};
+use super::connection::Connection;
+use super::layout::ttl_ms;
+
+const INDEX: &str = "compactor:{timeline}:index";
+const ENTRIES: &str = "compactor:{timeline}:entries";
+
+fn rows_key(id: &str) -> String {
+    format!("compactor:{{{id}}}:timeline")
+}
+fn entry_key(id: &str) -> String {
+    format!("compactor:{{{id}}}:entry")
+}
+
+/// KEYS: rows, entry. ARGV: row (JSON), owner (JSON), at_ms, checkpoint ('' for none), rows to
+/// keep, ttl ms (0: none). A new checkpoint counts as a compaction, as in
+/// [`ConversationEntry::absorb`].
+const RECORD_SCRIPT: &str = r#"
+local rows, entry = KEYS[1], KEYS[2]
+local row, owner, at, checkpoint = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
+local keep, ttl = tonumber(ARGV[5]), tonumber(ARGV[6])
+local previous = redis.call('HGET', entry, 'checkpoint') or ''
+if checkpoint ~= '' and checkpoint ~= previous then
+  redis.call('HINCRBY', entry, 'compactions', 1)
+end
+redis.call('HSETNX', entry, 'first_ms', ARGV[3])
+redis.call('HSETNX', entry, 'owner', owner)
+redis.call('HINCRBY', entry, 'requests', 1)
+local last = tonumber(redis.call('HGET', entry, 'last_ms') or '0')
+if at > last then redis.call('HSET', entry, 'last_ms', ARGV[3]) end
+redis.call('HSET', entry, 'checkpoint', checkpoint, 'last', row)
+redis.call('RPUSH', rows, row)
+redis.call('LTRIM', rows, -keep, -1)
+if ttl > 0 then
+  redis.call('PEXPIRE', rows, ttl)
+  redis.call('PEXPIRE', entry, ttl)
+end
+return redis.call('HGETALL', entry)
+"#;
+
+/// KEYS: index, entries. ARGV: id, last_ms, entry (JSON), conversations to keep. An entry older
+/// than the one held (a replica that was slower to copy) is not written. Returns the ids of the
+/// conversations trimmed.
+const INDEX_SCRIPT: &str = r#"
+local index, entries = KEYS[1], KEYS[2]
+local id, at, keep = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[4])
+local held = redis.call('ZSCORE', index, id)
+if (not held) or tonumber(held) <= at then
+  redis.call('ZADD', index, at, id)
+  redis.call('HSET', entries, id, ARGV[3])
+end
+local n = redis.call('ZCARD', index)
+local gone = {}
+if n > keep then
+  gone = redis.call('ZRANGE', index, 0, n - keep - 1)
+  for _, old in ipairs(gone) do
+    redis.call('ZREM', index, old)
+    redis.call('HDEL', entries, old)
+  end
+end
+return gone
+"#;
+
+static RECORD: LazyLock<Script> = LazyLock::new(|| Script::new(RECORD_SCRIPT));
+static INDEX_UPDATE: LazyLock<Script> = LazyLock::new(|| Script::new(INDEX_SCRIPT));
+
+fn encoding_error(e: serde_json::Error) -> RedisError {
+    RedisError::from((
+        redis::ErrorKind::TypeError,
+        "timeline encoding",
+        e.to_string(),
+    ))
+}
+
+/// Adds `row` to conversation `id` and trims the index to `bounds.conversations`.
+pub(super) async fn record(
+    conn: &mut Connection,
+    id: &str,
+    owner: &Owner,
+    row: &RequestRow,
+    bounds: TimelineBounds,
+    ttl: Duration,
+) -> RedisResult<()> {
+    let fields: HashMap<String, String> = RECORD
+        .key(rows_key(id))
+        .key(entry_key(id))
+        .arg(serde_json::to_string(row).map_err(encoding_error)?)
+        .arg(serde_json::to_string(owner).map_err(encoding_error)?)
+        .arg(row.at_ms)
+        .arg(row.checkpoint.as_deref().unwrap_or(""))
+        .arg(bounds.requests_per_conversation.max(1))
+        .arg(ttl_ms(ttl))
+        .invoke_async(conn)
+        .await?;
+    let Some(entry) = entry(id, &fields) else {
+        return Ok(());
+    };
+    let gone: Vec<String> = INDEX_UPDATE
+        .key(INDEX)
+        .key(ENTRIES)
+        .arg(id)
+        .arg(entry.last_ms)
+        .arg(serde_json::to_string(&entry).map_err(encoding_error)?)
+        .arg(bounds.conversations.max(1))
+        .invoke_async(conn)
+        .await?;
+    for id in gone {
+        let _: i64 = conn.del(&[rows_key(&id), entry_key(&id)]).await?;
+    }
+    Ok(())
+}
+
+/// Every conversation still held, the most recently active first; those whose keys expired
+/// under `ttl` are dropped from the list.
+pub(super) async fn conversations(
+    conn: &mut Connection,
+    ttl: Duration,
+) -> RedisResult<Vec<ConversationEntry>> {
+    let held: HashMap<String, String> = conn.hgetall(ENTRIES).await?;
+    let cutoff = expiry_cutoff(ttl).unwrap_or(0);
+    let mut entries = Vec::with_capacity(held.len());
+    for (id, body) in held {
+        match serde_json::from_str::<ConversationEntry>(&body) {
+            Ok(entry) if entry.last_ms >= cutoff => entries.push(entry),
+            _ => {
+                let _: i64 = conn.hdel(ENTRIES, &id).await?;
+                let _: i64 = conn.zrem(INDEX, &id).await?;
+            }
+        }
+    }
+    Ok(newest_first(entries))
+}
+
+/// One conversation's entry and kept rows, oldest first.
+pub(super) async fn timeline(
+    conn: &mut Connection,
+    id: &str,
+) -> RedisResult<Option<(ConversationEntry, Vec<RequestRow>)>> {
+    let fields: HashMap<String, String> = conn.hgetall(entry_key(id)).await?;
+    let Some(entry) = entry(id, &fields) else {
+        return Ok(None);
+    };
+    let bodies: Vec<String> = conn.lrange(rows_key(id), 0, -1).await?;
+    let rows = bodies
+        .iter()
+        .filter_map(|b| serde_json::from_str(b).ok())
+        .collect();
+    Ok(Some((entry, rows)))
+}
+
+/// The entry a hash holds; `None` when it is gone or was written by something else.
+fn entry(id: &str, fields: &HashMap<String, String>) -> Option<ConversationEntry> {
+    let number = |name: &str| fields.get(name)?.parse::<u64>().ok();
+    Some(ConversationEntry {
+        id: id.to_string(),
+        owner: serde_json::from_str(fields.get("owner")?).ok()?,
+        first_ms: number("first_ms")?,
+        last_ms: number("last_ms")?,
+        requests: number("requests")?,
+        compactions: number("compactions").unwrap_or(0),
+        last: serde_json::from_str(fields.get("last")?).ok()?,
+    })
+}
