@@ -123,6 +123,10 @@ pub(super) fn outcome_headers(
     if let Some(id) = &outcome.checkpoint_id {
         set(headers, "x-compactor-checkpoint", id);
     }
+    // What the conversation's page and timeline endpoints name it by.
+    if let (Some(_), Some(anchor)) = (app.timeline, &outcome.anchor) {
+        set(headers, "x-compactor-conversation", anchor);
+    }
     if !outcome.summary_time.is_zero() {
         set(
             headers,

@@ -466,6 +466,7 @@ pub fn completion_json(text: &str, prompt_tokens: u64) -> Value {
     completion(text, prompt_tokens)
 }
 
+pub mod agent_session;
 pub mod media;
 pub mod messages_mock;
 pub mod provider_mock;
