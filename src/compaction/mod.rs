@@ -440,7 +440,6 @@ impl Engine {
             },
             tokens_before: prompt_tokens,
             tokens_after: prompt_tokens,
-            conversation: conversation.anchor.map(|a| identity_short(&a)),
             anchor: conversation.anchor.map(|a| crate::identity::hex(&a)),
             ..Outcome::default()
         }

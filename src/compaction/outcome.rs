@@ -151,10 +151,8 @@ pub struct Outcome {
     /// Our raw (uncorrected) count of what was sent, with whose it was and whether it was all
     /// counted: what the provider's `usage` and overflow errors are compared against.
     pub sent_raw_tokens: SentCount,
-    /// The conversation's id (its anchor, in hex) for logs, when it has one.
-    pub conversation: Option<String>,
-    /// The conversation's whole anchor, in hex: what its checkpoints and timeline are kept
-    /// under.
+    /// The conversation's anchor, in hex, when it has one: what its checkpoints and timeline
+    /// are kept under (logs show its first 16 digits).
     pub anchor: Option<String>,
 }
 

@@ -430,7 +430,7 @@ impl<'a> Exchange<'a> {
             prompt_tokens = outcome.prompt_tokens,
             tokens_sent = outcome.tokens_after,
             compacted = outcome.compacted,
-            conversation = outcome.conversation.as_deref().unwrap_or("-"),
+            conversation = outcome.anchor.as_deref().map_or("-", |a| a.get(..16).unwrap_or(a)),
             checkpoint = outcome.checkpoint_id.as_deref().unwrap_or("-"),
             upstream_ms = self.upstream_time.as_millis() as u64,
             summary_ms = outcome.summary_time.as_millis() as u64,

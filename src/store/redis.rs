@@ -353,7 +353,13 @@ impl CheckpointStore for RedisStore {
         let s = &self.shared;
         let recorded = s
             .call("record_request", |mut m| async move {
-                timeline::record(&mut m, id, owner, row, bounds, s.ttl).await
+                let to = timeline::Destination {
+                    id,
+                    owner,
+                    bounds,
+                    ttl: s.ttl,
+                };
+                timeline::record(&mut m, &to, row).await
             })
             .await;
         match recorded {

@@ -95,15 +95,26 @@ fn encoding_error(e: serde_json::Error) -> RedisError {
     ))
 }
 
-/// Adds `row` to conversation `id` and trims the index to `bounds.conversations`.
+/// Where a row goes: its conversation, who owns it, and how much is kept for how long.
+pub(super) struct Destination<'a> {
+    pub id: &'a str,
+    pub owner: &'a Owner,
+    pub bounds: TimelineBounds,
+    pub ttl: Duration,
+}
+
+/// Adds `row` to its conversation and trims the index to `bounds.conversations`.
 pub(super) async fn record(
     conn: &mut Connection,
-    id: &str,
-    owner: &Owner,
+    to: &Destination<'_>,
     row: &RequestRow,
-    bounds: TimelineBounds,
-    ttl: Duration,
 ) -> RedisResult<()> {
+    let Destination {
+        id,
+        owner,
+        bounds,
+        ttl,
+    } = *to;
     let fields: HashMap<String, String> = RECORD
         .key(rows_key(id))
         .key(entry_key(id))
