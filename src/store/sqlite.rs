@@ -42,6 +42,8 @@ pub struct SqliteStore {
     leases: LeaseTable,
     ttl: Duration,
     health: Arc<Health>,
+    /// Timeline rows on their way to the file.
+    timeline_queue: Arc<sqlite_timeline::Queue>,
 }
 
 /// Whether the file is keeping up, and what it has not taken yet.
@@ -142,6 +144,7 @@ impl SqliteStore {
             leases: LeaseTable::default(),
             ttl,
             health: Arc::new(Health::default()),
+            timeline_queue: Arc::default(),
         })
     }
 
@@ -333,18 +336,23 @@ impl CheckpointStore for SqliteStore {
         row: &RequestRow,
         bounds: TimelineBounds,
     ) -> Result<(), StoreError> {
-        let (id, owner, row) = (id.to_string(), owner.clone(), row.clone());
-        let database = self.database.clone();
-        tokio::task::spawn_blocking(move || {
-            let mut db = database.lock().unwrap_or_else(|p| p.into_inner());
-            sqlite_timeline::record(db.connection_mut()?, &id, &owner, &row, bounds)
-        })
-        .await
-        .map_err(unavailable)?
+        let queued = sqlite_timeline::Queued {
+            id: id.to_string(),
+            owner: owner.clone(),
+            row: row.clone(),
+            bounds,
+        };
+        sqlite_timeline::enqueue(&self.database, &self.timeline_queue, queued);
+        Ok(())
     }
 
     async fn conversations(&self) -> Result<Vec<ConversationEntry>, StoreError> {
-        self.read(sqlite_timeline::conversations).await
+        sqlite_timeline::read(
+            &self.database,
+            &self.timeline_queue,
+            sqlite_timeline::conversations,
+        )
+        .await
     }
 
     async fn timeline(
@@ -352,7 +360,10 @@ impl CheckpointStore for SqliteStore {
         id: &str,
     ) -> Result<Option<(ConversationEntry, Vec<RequestRow>)>, StoreError> {
         let id = id.to_string();
-        self.read(move |c| sqlite_timeline::timeline(c, &id)).await
+        sqlite_timeline::read(&self.database, &self.timeline_queue, move |c| {
+            sqlite_timeline::timeline(c, &id)
+        })
+        .await
     }
 
     /// Degraded while writes wait in memory. At most once a second this also looks for the
