@@ -51,6 +51,7 @@ pub struct Config {
     pub summarizer: SummarizerConfig,
     pub responses: ResponsesConfig,
     pub timeline: TimelineConfig,
+    pub telemetry: TelemetryConfig,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -127,6 +128,26 @@ impl Default for TimelineConfig {
     }
 }
 
+/// OpenTelemetry traces (`[telemetry]`): off unless an endpoint is given.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TelemetryConfig {
+    /// The OTLP/HTTP collector traces are exported to (`http://localhost:4318`; `/v1/traces` is
+    /// appended unless the URL ends with it). Empty: no traces.
+    pub otlp_endpoint: String,
+    /// The `service.name` the spans are exported under.
+    pub service_name: String,
+}
+
+impl Default for TelemetryConfig {
+    fn default() -> Self {
+        TelemetryConfig {
+            otlp_endpoint: String::new(),
+            service_name: "compactor".into(),
+        }
+    }
+}
+
 /// Who answers the compaction a Responses client asks for (`POST /v1/responses/compact`, an
 /// `input` ending in `compaction_trigger`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -168,6 +189,7 @@ impl Default for Config {
             summarizer: SummarizerConfig::default(),
             responses: ResponsesConfig::default(),
             timeline: TimelineConfig::default(),
+            telemetry: TelemetryConfig::default(),
         }
     }
 }
@@ -258,8 +280,10 @@ impl Config {
             ("upstream", &self.upstream),
             ("anthropic_upstream", &self.anthropic_upstream),
             ("summarizer.upstream", &self.summarizer.upstream),
+            ("telemetry.otlp_endpoint", &self.telemetry.otlp_endpoint),
         ] {
-            if key == "summarizer.upstream" && url.is_empty() {
+            let optional = matches!(key, "summarizer.upstream" | "telemetry.otlp_endpoint");
+            if optional && url.is_empty() {
                 continue;
             }
             match reqwest::Url::parse(url) {
@@ -317,6 +341,7 @@ impl Config {
             &mut shown.upstream,
             &mut shown.anthropic_upstream,
             &mut shown.summarizer.upstream,
+            &mut shown.telemetry.otlp_endpoint,
         ] {
             *url = redact_url(url);
         }

@@ -18,8 +18,10 @@
 //!    [`http`] streams the answer back, reading `usage` in the dialect to calibrate counts, and
 //!    when the dialect recognises a context-overflow error ([`dialect::overflow`]), retries once.
 //!
-//! [`config`] loads settings, [`metrics`] exports Prometheus counters, [`server`] builds the
-//! application and serves it with graceful shutdown, [`cli`] holds the subcommands.
+//! [`config`] loads settings, [`metrics`] exports Prometheus counters, [`telemetry`] exports
+//! OpenTelemetry traces (each request a span, continuing the client's trace and passed on to the
+//! provider), [`server`] builds the application and serves it with graceful shutdown, [`cli`]
+//! holds the subcommands.
 //!
 //! ## Layers
 //!
@@ -28,7 +30,8 @@
 //!
 //! 1. foundations, importing nothing of the crate: [`tokenizer`], [`identity`], [`store`],
 //!    [`config`], [`metrics`];
-//! 2. [`dialect`]: the seam and, each in its own folder, the wire formats;
+//! 2. [`dialect`]: the seam and, each in its own folder, the wire formats; beside it
+//!    [`telemetry`], which knows only the configuration;
 //! 3. [`measure`], then [`compaction`] (the core: it imports the seam, never a dialect);
 //! 4. [`upstream`], then [`http`], then [`server`] and [`cli`].
 
@@ -42,5 +45,6 @@ pub mod measure;
 pub mod metrics;
 pub mod server;
 pub mod store;
+pub mod telemetry;
 pub mod tokenizer;
 pub mod upstream;

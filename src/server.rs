@@ -8,7 +8,7 @@
 //! or ahead of time) given the grace to finish and be stored. When the grace is about to run out,
 //! every request still without an answer (most likely one waiting for a summary) is answered 503
 //! with `retry-after` in its client's error shape, so that it is retried elsewhere or after the
-//! restart rather than cut off with no answer.
+//! restart rather than cut off with no answer. Then the spans still queued for export are sent.
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -36,6 +36,7 @@ use crate::http::{router, ApiError, App};
 use crate::measure::{windows::WindowTable, Meter};
 use crate::metrics::Metrics;
 use crate::store::{self, CheckpointStore, TimelineBounds};
+use crate::telemetry::Telemetry;
 use crate::upstream::summarizer::HttpSummarizer;
 use crate::upstream::{KeyHeader, Upstream};
 
@@ -90,6 +91,7 @@ pub fn build_with_store(
             .map(PathBuf::from),
         config.gateway_keys_text()?.as_deref(),
     )?;
+    let telemetry = Telemetry::from_config(&config.telemetry)?;
     let metrics = Arc::new(Metrics::default());
     store.count_absorbed_errors(metrics.store_errors.clone());
     let parts = Parts {
@@ -148,6 +150,7 @@ pub fn build_with_store(
                 None => Sealer::random(),
             },
         },
+        telemetry,
     }))
 }
 
@@ -166,6 +169,7 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let limits = app.connections.clone();
     let engine = app.engine.clone();
+    let telemetry = app.telemetry.clone();
     let router = router(app);
     let mut builder = Builder::new(TokioExecutor::new());
     builder
@@ -299,6 +303,8 @@ pub async fn serve(
             tracing::warn!("Closing the connections still open.");
         }
     }
+    // The spans of the requests just drained are still queued: sent before the process ends.
+    telemetry.shutdown().await;
     Ok(())
 }
 

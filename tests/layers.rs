@@ -17,6 +17,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("config", 0),
     ("metrics", 0),
     ("dialect", 1),
+    ("telemetry", 1),
     ("measure", 2),
     ("compaction", 3),
     ("upstream", 4),

@@ -4,6 +4,7 @@
 //! storing the checkpoint only when it frees tokens.
 
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use tokio::time::Instant;
 
@@ -19,7 +20,7 @@ use super::conversation::{Conversation, View};
 use super::plan::{self, PlanError, PlanInput};
 use super::{
     files, prompt, record, summarizer, Engine, Mode, Outcome, Prepared, SentCount, Status,
-    SummaryError, Trigger,
+    SummaryError, SummaryReport, Trigger,
 };
 
 /// The summary of a checkpoint that only cuts the newest step in place, with nothing before it.
@@ -67,12 +68,29 @@ impl Engine {
         mut outcome: Outcome,
     ) -> Prepared {
         let started = Instant::now();
+        let started_at = SystemTime::now();
         let result = self
             .compact(conversation, view.checkpoint, trigger, started)
             .await;
         outcome.summary_time = started.elapsed();
+        let mut report = SummaryReport {
+            trigger,
+            started: started_at,
+            duration: outcome.summary_time,
+            model: self.summary_model(conversation),
+            written: false,
+            checkpoint_id: None,
+            tokens_before: outcome.tokens_before,
+            tokens_after: outcome.tokens_before,
+            failure: None,
+        };
         match result {
             Ok((checkpoint, summarized)) => {
+                report.written = summarized;
+                report.checkpoint_id = Some(checkpoint.id.clone());
+                report.tokens_before = checkpoint.tokens_before;
+                report.tokens_after = checkpoint.tokens_after;
+                outcome.summary = Some(report);
                 if summarized {
                     self.count_compaction(trigger);
                     outcome.summarized = true;
@@ -97,6 +115,8 @@ impl Engine {
                     cause = %summarizer::with_causes(&e),
                     "Compaction failed; serving the request without it."
                 );
+                report.failure = Some(e.to_string());
+                outcome.summary = Some(report);
                 outcome.status = Some(Status::Failed {
                     reason: e.to_string(),
                     fallback: "original",
@@ -165,6 +185,16 @@ impl Engine {
             }
         });
         chosen.map_err(|PlanError::NothingToSummarize| SummaryError::Nothing)
+    }
+
+    /// The model a conversation's summaries are asked of: the configured one, or the
+    /// conversation's own.
+    fn summary_model(&self, conversation: &Conversation) -> String {
+        if self.summarizer.model.is_empty() {
+            conversation.request.model().to_string()
+        } else {
+            self.summarizer.model.clone()
+        }
     }
 
     pub(super) fn summary_allowance(&self, window: u64) -> u64 {
@@ -380,11 +410,7 @@ impl Engine {
         if fold.span.is_empty() {
             return Err(SummaryError::Nothing);
         }
-        let model = if self.summarizer.model.is_empty() {
-            conversation.request.model().to_string()
-        } else {
-            self.summarizer.model.clone()
-        };
+        let model = self.summary_model(conversation);
         // A summarizer that refuses a chunk as too long teaches its window (or, configured, has
         // it halved for this span), and the span is summarized once more in smaller chunks.
         let mut shrink = 1;

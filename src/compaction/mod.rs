@@ -75,7 +75,8 @@ pub fn identity_short(anchor: &Hash) -> String {
 const COUNT_INLINE_MAX_BYTES: usize = 4 * 1024;
 pub use learn::{tenant_tag, SentCount};
 pub use outcome::{
-    CannotFit, Mode, Outcome, Prepared, Refusal, RequestContext, Status, SummaryError, Trigger,
+    CannotFit, Mode, Outcome, Prepared, Refusal, RequestContext, Status, SummaryError,
+    SummaryReport, Trigger,
 };
 pub use summarizer::{Summarizer, SummarizerError};
 

@@ -1,9 +1,9 @@
 //! What the engine's callers say and hear: how a request asks to be treated ([`Mode`],
 //! [`RequestContext`]), why a summary is written ([`Trigger`]), what happened to a request
-//! ([`Outcome`], [`Status`], [`Prepared`]), and why it was refused or could not be compacted
-//! ([`CannotFit`], [`Refusal`], [`SummaryError`]).
+//! ([`Outcome`], [`Status`], [`Prepared`], [`SummaryReport`]), and why it was refused or could
+//! not be compacted ([`CannotFit`], [`Refusal`], [`SummaryError`]).
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use http::HeaderMap;
 
@@ -154,6 +154,29 @@ pub struct Outcome {
     /// The conversation's anchor, in hex, when it has one: what its checkpoints and timeline
     /// are kept under (logs show its first 16 digits).
     pub anchor: Option<String>,
+    /// The summary stage, when the request went through it (for its trace).
+    pub summary: Option<SummaryReport>,
+}
+
+/// The summary stage of one request, as its trace shows it: when it ran, why, with which model,
+/// and what it made. Figures only, never the summary's text.
+#[derive(Debug, Clone)]
+pub struct SummaryReport {
+    pub trigger: Trigger,
+    pub started: SystemTime,
+    /// The wait for the summary: written for this request, or by another one and waited for.
+    pub duration: Duration,
+    /// The model summaries are asked of.
+    pub model: String,
+    /// Written for this request (not one made by another request or ahead of time).
+    pub written: bool,
+    /// The checkpoint made or found.
+    pub checkpoint_id: Option<String>,
+    /// The conversation's tokens before the checkpoint, and through it.
+    pub tokens_before: u64,
+    pub tokens_after: u64,
+    /// Why no summary could be used (the reason `x-compactor-compaction` gives).
+    pub failure: Option<String>,
 }
 
 /// The body to send and what happened.

@@ -115,10 +115,16 @@ fn url_credentials_are_redacted_everywhere() {
         },
         store: "rediss://:pw4@redis:6380/0".into(),
         anthropic_upstream: "https://bob:pw5@a.example/v1?token=k6".into(),
+        telemetry: TelemetryConfig {
+            otlp_endpoint: "https://carol:pw7@otel.example:4318?api-key=k8".into(),
+            ..TelemetryConfig::default()
+        },
         ..Config::default()
     };
     let shown = cfg.redacted_toml();
-    for secret in ["pw1", "k2", "k3", "pw4", "//user", "pw5", "k6", "bob"] {
+    for secret in [
+        "pw1", "k2", "k3", "pw4", "//user", "pw5", "k6", "bob", "carol", "pw7", "k8",
+    ] {
         assert!(!shown.contains(secret), "{secret} in {shown}");
     }
     let table: toml::Table = toml::from_str(&shown).unwrap();
@@ -157,4 +163,33 @@ fn responses_compaction_is_emulated_unless_the_upstream_is_openai() {
         &CliOverrides::default(),
     );
     assert!(refused.is_err());
+}
+
+#[test]
+fn telemetry_is_off_by_default_and_its_endpoint_is_checked() {
+    let off = Config::load(None, vec![], &CliOverrides::default()).unwrap();
+    assert_eq!(off.telemetry.otlp_endpoint, "");
+    assert_eq!(off.telemetry.service_name, "compactor");
+    let on = Config::load(
+        None,
+        env(&[(
+            "COMPACTOR_TELEMETRY__OTLP_ENDPOINT",
+            "http://127.0.0.1:4318",
+        )]),
+        &CliOverrides::default(),
+    )
+    .unwrap();
+    assert_eq!(on.telemetry.otlp_endpoint, "http://127.0.0.1:4318");
+    let shown: toml::Table = toml::from_str(&on.redacted_toml()).unwrap();
+    assert_eq!(
+        shown["telemetry"]["otlp_endpoint"].as_str(),
+        Some("http://127.0.0.1:4318")
+    );
+    let err = Config::load(
+        None,
+        env(&[("COMPACTOR_TELEMETRY__OTLP_ENDPOINT", "collector:4318")]),
+        &CliOverrides::default(),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("telemetry.otlp_endpoint"), "{err}");
 }

@@ -60,7 +60,7 @@ use crate::store::Checkpoint;
 use crate::tokenizer::{Cancel, Encoding};
 
 pub use overflow::Overflow;
-pub use vocabulary::{AnswerError, MessageView, RequestError, Role, ToolCall};
+pub use vocabulary::{AnswerError, MessageView, RequestError, Role, ToolCall, Usage};
 
 /// The largest output budget taken from a request (`max_tokens` and the like): bounded so that
 /// budget arithmetic cannot wrap; no model writes more in one answer.
@@ -97,9 +97,10 @@ pub trait Dialect: Send + Sync + 'static {
         false
     }
 
-    /// The prompt size the provider reports in a whole JSON answer, or in the data of one
-    /// stream event (chat: `usage.prompt_tokens`); what calibration learns from.
-    fn reported_prompt_tokens(&self, json: &[u8]) -> Option<u64>;
+    /// What the provider reports it used in a whole JSON answer, or in the data of one stream
+    /// event; `None` when it carries no `usage`. Its `input_tokens` (the whole prompt, cached
+    /// parts included: chat's `usage.prompt_tokens`) is what calibration learns from.
+    fn reported_usage(&self, json: &[u8]) -> Option<Usage>;
 
     /// The body of an error answered by the proxy itself (not forwarded from upstream), in this
     /// dialect's error shape.

@@ -1,7 +1,44 @@
 //! The vocabulary every dialect speaks to the core: who wrote an element ([`Role`]), what it
-//! says as text ([`MessageView`], [`ToolCall`]), and why a body or a summary answer cannot be
-//! used ([`RequestError`], [`AnswerError`]). Part of the seam: it imports nothing of the crate
-//! but the seam's [`super::media`].
+//! says as text ([`MessageView`], [`ToolCall`]), what a provider reports it used ([`Usage`]),
+//! and why a body or a summary answer cannot be used ([`RequestError`], [`AnswerError`]). Part
+//! of the seam: it imports nothing of the crate but the seam's [`super::media`].
+
+/// What a provider reports of one answer, in a whole JSON answer or in one stream event: each
+/// figure only when it states it. A stream reports in parts (Messages: the prompt in
+/// `message_start`, the output in `message_delta`), merged with [`Usage::merge`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// The whole prompt, the parts read from and written to the provider's cache included.
+    pub input_tokens: Option<u64>,
+    pub output_tokens: Option<u64>,
+    /// The part of the prompt read from the provider's cache.
+    pub cache_read_tokens: Option<u64>,
+    /// The part of the prompt written to the provider's cache.
+    pub cache_creation_tokens: Option<u64>,
+    /// The model that answered, as the provider names it.
+    pub model: Option<String>,
+}
+
+impl Usage {
+    /// Takes every figure `later` states over this one's (a stream's later events report
+    /// running totals).
+    pub fn merge(&mut self, later: Usage) {
+        let Usage {
+            input_tokens,
+            output_tokens,
+            cache_read_tokens,
+            cache_creation_tokens,
+            model,
+        } = later;
+        self.input_tokens = input_tokens.or(self.input_tokens);
+        self.output_tokens = output_tokens.or(self.output_tokens);
+        self.cache_read_tokens = cache_read_tokens.or(self.cache_read_tokens);
+        self.cache_creation_tokens = cache_creation_tokens.or(self.cache_creation_tokens);
+        if model.is_some() {
+            self.model = model;
+        }
+    }
+}
 
 /// Why a body is not a request the proxy can handle, in any dialect; each becomes a 400 in
 /// the client's own error shape.

@@ -11,6 +11,7 @@ use crate::compaction::Engine;
 use crate::dialect::responses::sealed::Sealer;
 use crate::metrics::{Metrics, RequestLabels, Route};
 use crate::store::TimelineBounds;
+use crate::telemetry::Telemetry;
 use crate::upstream::Upstream;
 
 /// Everything a handler needs.
@@ -30,6 +31,8 @@ pub struct App {
     pub client_compaction: ClientCompaction,
     /// How much of each conversation's history the store keeps; `None`: none is recorded.
     pub timeline: Option<TimelineBounds>,
+    /// Where request spans go (nowhere unless an OTLP endpoint is configured).
+    pub telemetry: Telemetry,
 }
 
 /// Whether Compactor answers the compaction Responses clients ask for

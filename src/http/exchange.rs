@@ -3,8 +3,9 @@
 //! provider says the window is full (as an error status, or at the start of a stream that failed
 //! before any output) has the engine compact harder and sends once more. One closing phase
 //! ([`Exchange::close`]) writes the `x-compactor-*` headers, the request's log line and its
-//! count, and watches the answer's `usage` for calibration. Errors the proxy makes itself are
-//! written in the dialect's own shape.
+//! count, and watches the answer's `usage` for calibration and for the request's span, which
+//! ends with the answer ([`spans`]). Errors the proxy makes itself are written in the dialect's
+//! own shape.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -25,12 +26,14 @@ use super::headers::{
 use super::limits::check_model_name;
 use super::log::Escaped;
 use super::probe::{is_sse, probe, Probe};
+use super::spans;
 use super::stream;
 use super::tenant::Tenant;
 use crate::compaction::{Mode, Outcome, RequestContext};
 use crate::dialect::responses::request::ResponsesRequest;
 use crate::dialect::{Dialect, Overflow, WireRequest};
 use crate::metrics::Route;
+use crate::telemetry::Span;
 use crate::upstream::{self, Upstream, UpstreamResponse};
 
 /// Where one compacting route's requests go.
@@ -61,6 +64,10 @@ struct Exchange<'a> {
     upstream_time: Duration,
     /// The body as the client sent it, once read: an overflow error quoting it is not trusted.
     sent: Bytes,
+    /// The request's span (empty on the token-counting path, or with traces off).
+    span: Span,
+    /// Calls made upstream so far.
+    attempts: u32,
 }
 
 /// What a body became once read.
@@ -85,6 +92,8 @@ struct Served {
     asked_usage: bool,
     /// The checkpoint of an expanded compaction item, named unless a newer one was applied.
     expanded: Option<String>,
+    /// The span of the call that answered, ended with the answer.
+    call: Span,
 }
 
 /// How an exchange ends.
@@ -104,6 +113,14 @@ pub(super) async fn serve(
     target: Target<'_>,
 ) -> Response {
     let mut exchange = Exchange::new(app, tenant, headers, target);
+    let target = &exchange.target;
+    exchange.span = spans::request(
+        &app.telemetry,
+        headers,
+        target.route,
+        target.dialect.name(),
+        target.upstream,
+    );
     let ending = match exchange.run(body).await {
         Ok(ending) => ending,
         Err(e) => Ending::Refused(e),
@@ -145,6 +162,8 @@ impl<'a> Exchange<'a> {
             started: Instant::now(),
             upstream_time: Duration::ZERO,
             sent: Bytes::new(),
+            span: Span::default(),
+            attempts: 0,
         }
     }
 
@@ -158,6 +177,7 @@ impl<'a> Exchange<'a> {
             Parsed::Answered(response) => return Ok(Ending::Answered(response)),
             Parsed::ServerState(bytes) => return self.forward_untouched(bytes).await,
         };
+        spans::model_asked(&mut self.span, request.model());
         let asked_usage = self.app.calibrate_streams && request.ask_for_usage();
         let request: Arc<dyn WireRequest> = Arc::from(request);
         let context = RequestContext {
@@ -172,7 +192,10 @@ impl<'a> Exchange<'a> {
             .await
             .map_err(|e| ApiError::ContextLength(e.to_string()))?;
         let mut outcome = prepared.outcome;
-        let (mut response, mut probe) = self.send(prepared.body).await?;
+        if let Some(report) = &outcome.summary {
+            spans::summary(&self.span, report);
+        }
+        let (mut response, mut probe, mut call) = self.send(prepared.body).await?;
         let worth_a_retry = |overflow: &Overflow| {
             // An overflow in the provider's own shape is believed; one that only has the words
             // (an error quoting the client's input back) earns a retry only when our own count
@@ -190,7 +213,10 @@ impl<'a> Exchange<'a> {
             let summary_before = outcome.summary_time;
             outcome = again.outcome;
             outcome.summary_time += summary_before;
-            (response, probe) = self.send(again.body).await?;
+            if let Some(report) = &outcome.summary {
+                spans::summary(&self.span, report);
+            }
+            (response, probe, call) = self.send(again.body).await?;
             if let Some(again) = probe.overflow.filter(|o| o.trusted) {
                 // Compaction did not make it fit: say so in the client's own words, which agents
                 // recognise (a provider's own wording, such as llama.cpp's, often is not). An
@@ -210,6 +236,7 @@ impl<'a> Exchange<'a> {
             error_body: probe.error_body,
             asked_usage,
             expanded,
+            call,
         })))
     }
 
@@ -326,29 +353,47 @@ impl<'a> Exchange<'a> {
     }
 
     /// Sends `body` to the target with the client's headers and relays the answer as it comes.
-    async fn forward(&self, body: impl Into<Bytes>) -> Result<Response, ApiError> {
+    async fn forward(&mut self, body: impl Into<Bytes>) -> Result<Response, ApiError> {
+        let mut headers = forwarded_headers(self.headers);
+        let mut call = self.call_span();
+        call.propagate_into(&mut headers);
         let response = self
             .target
             .upstream
             .send(
                 Method::POST,
                 &self.target.upstream_path,
-                forwarded_headers(self.headers),
+                headers,
                 upstream::body_from(body.into()),
             )
-            .await?;
+            .await;
+        spans::call_answered(&mut call, &response);
+        let response = response?;
         let mut out = Response::new(Body::from_stream(response.body));
         *out.status_mut() = response.status;
         *out.headers_mut() = response.headers;
-        Ok(out)
+        Ok(spans::open_until_sent(out, vec![call]))
+    }
+
+    /// The span of the next call upstream, a child of the request's.
+    fn call_span(&mut self) -> Span {
+        self.attempts += 1;
+        spans::upstream_call(
+            &self.span,
+            self.target.upstream,
+            &self.target.upstream_path,
+            self.attempts,
+        )
     }
 
     /// Sends a prepared body and reads the start of the answer ([`probe`]), timing both as the
-    /// provider's.
-    async fn send(&mut self, body: Vec<u8>) -> Result<(UpstreamResponse, Probe), ApiError> {
+    /// provider's; the call's span is returned open, to end with the answer.
+    async fn send(&mut self, body: Vec<u8>) -> Result<(UpstreamResponse, Probe, Span), ApiError> {
         let mut headers = forwarded_headers(self.headers);
         // Bodies come back uncompressed so usage can be read from them.
         headers.remove(http::header::ACCEPT_ENCODING);
+        let mut call = self.call_span();
+        call.propagate_into(&mut headers);
         let sent = Instant::now();
         let mut response = self
             .target
@@ -364,21 +409,28 @@ impl<'a> Exchange<'a> {
             .metrics
             .upstream_seconds
             .observe(sent.elapsed().as_secs_f64());
+        spans::call_answered(&mut call, &response);
         let probe = match &mut response {
             // The wait for a stream's first bytes is the provider's time, not the proxy's.
             Ok(response) => probe(self.target.dialect, response, &self.sent).await,
             Err(_) => Ok(Probe::default()),
         };
         self.upstream_time += sent.elapsed();
-        Ok((response?, probe?))
+        Ok((response?, probe?, call))
     }
 
     /// The closing phase: what the client gets, the request's log line and its count.
-    fn close(self, ending: Ending) -> Response {
+    fn close(mut self, ending: Ending) -> Response {
+        let mut span = std::mem::take(&mut self.span);
         let response = match ending {
-            Ending::Served(served) => self.respond(*served),
-            Ending::Answered(response) => response,
+            Ending::Served(served) => self.respond(*served, span),
+            Ending::Answered(response) => {
+                spans::status(&mut span, response.status().as_u16());
+                spans::open_until_sent(response, vec![span])
+            }
             Ending::Refused(e) => {
+                spans::status(&mut span, e.status().as_u16());
+                drop(span);
                 tracing::info!(
                     method = "POST",
                     path = self.target.path,
@@ -394,8 +446,9 @@ impl<'a> Exchange<'a> {
         response
     }
 
-    /// The provider's answer with the `x-compactor-*` headers, logged, its `usage` watched.
-    fn respond(&self, served: Served) -> Response {
+    /// The provider's answer with the `x-compactor-*` headers, logged, its `usage` watched;
+    /// `span` (the request's) and the call's end with it.
+    fn respond(&self, served: Served, mut span: Span) -> Response {
         let Served {
             request,
             outcome,
@@ -403,6 +456,7 @@ impl<'a> Exchange<'a> {
             error_body,
             asked_usage,
             expanded,
+            call,
         } = served;
         let UpstreamResponse {
             status,
@@ -419,9 +473,12 @@ impl<'a> Exchange<'a> {
         outcome_headers(app, &mut headers, &outcome, overhead);
         // A summary the client brought back (an expanded compaction item) names its
         // checkpoint, unless the engine applied a newer one.
-        if let (Some(id), None) = (expanded, &outcome.checkpoint_id) {
+        let checkpoint = outcome.checkpoint_id.clone().or(expanded);
+        if let (Some(id), None) = (&checkpoint, &outcome.checkpoint_id) {
             set(&mut headers, "x-compactor-checkpoint", id);
         }
+        spans::outcome(&mut span, &outcome, checkpoint.as_deref());
+        spans::status(&mut span, status.as_u16());
         tracing::info!(
             method = "POST",
             path = self.target.path,
@@ -450,13 +507,20 @@ impl<'a> Exchange<'a> {
             },
         );
         let body = match error_body {
+            // Read whole already: the spans end here.
             Some(bytes) => Body::from(bytes),
             None => {
                 let engine = app.engine.clone();
                 let model = request.model().to_string();
                 let counted = outcome.sent_raw_tokens;
-                let sink: stream::UsageSink = Box::new(move |prompt_tokens| {
-                    engine.observe_usage(&model, counted, prompt_tokens)
+                let sink: stream::UsageSink = Box::new(move |usage| {
+                    if let Some(prompt_tokens) = usage.input_tokens {
+                        engine.observe_usage(&model, counted, prompt_tokens);
+                    }
+                    spans::usage(&mut span, &usage);
+                    // The call ends before the request it serves.
+                    call.end();
+                    span.end();
                 });
                 let dialect = self.target.dialect;
                 if is_sse(&headers) {

@@ -6,7 +6,7 @@
 //! - [`exchange`]: the path every compacting request takes, as one value carried through its
 //!   stages (read, parse, prepare, send, retry once after an overflow, respond) to one closing
 //!   phase that logs and counts; [`probe`] reads the start of an answer for an overflow,
-//!   [`stream`] watches answers for `usage` on the way back;
+//!   [`stream`] watches answers for `usage` on the way back, [`spans`] writes its trace;
 //! - [`client_compaction`]: the compaction a Responses client asks for, when Compactor answers
 //!   it, and the items it minted coming back;
 //! - [`passthrough`]: everything else under `/v1/`;
@@ -33,6 +33,7 @@ pub mod path;
 mod probe;
 mod reader;
 mod routes;
+mod spans;
 mod status;
 pub mod stream;
 pub mod tenant;

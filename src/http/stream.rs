@@ -1,5 +1,6 @@
 //! Response bodies on their way to the client: forwarded chunk by chunk, watched for `usage`
-//! (read in the answer's dialect, [`Dialect::reported_prompt_tokens`]).
+//! (read in the answer's dialect, [`Dialect::reported_usage`]), which is handed on once the body
+//! has ended or was dropped.
 //!
 //! A streaming body is split into SSE events only where the proxy added
 //! `stream_options.include_usage` itself: there the usage-only event is read and removed, so the
@@ -12,11 +13,12 @@ use std::task::{Context, Poll};
 use bytes::{Bytes, BytesMut};
 use futures::Stream;
 
-use crate::dialect::Dialect;
+use crate::dialect::{Dialect, Usage};
 use crate::upstream::ByteStream;
 
-/// Called once with the prompt size the provider reported, when the body ends and reported it.
-pub type UsageSink = Box<dyn FnOnce(u64) + Send>;
+/// Called once with what the provider reported (all of it `None` when it reported nothing),
+/// after the body's last byte was forwarded, or when the body is dropped before that.
+pub type UsageSink = Box<dyn FnOnce(Usage) + Send>;
 
 /// Most bytes of a non-streaming body kept to read its usage.
 const JSON_TAIL_LIMIT: usize = 4 * 1024 * 1024;
@@ -29,7 +31,7 @@ pub struct Observed {
     json_chunks: Vec<Bytes>,
     json_len: usize,
     sink: Option<UsageSink>,
-    prompt_tokens: Option<u64>,
+    usage: Usage,
     /// Reads `usage` in the answer's format.
     dialect: &'static dyn Dialect,
 }
@@ -74,13 +76,13 @@ impl Observed {
             json_chunks: Vec::new(),
             json_len: 0,
             sink: Some(sink),
-            prompt_tokens: None,
+            usage: Usage::default(),
         }
     }
 
     fn report(&mut self) {
-        if let (Some(sink), Some(tokens)) = (self.sink.take(), self.prompt_tokens) {
-            sink(tokens);
+        if let Some(sink) = self.sink.take() {
+            sink(std::mem::take(&mut self.usage));
         }
     }
 
@@ -109,9 +111,10 @@ impl Observed {
         while let Some(end) = find_event_end(&self.buffer) {
             let event = self.buffer.split_to(end);
             if let Some(data) = usage_event_data(&event) {
-                if let Some(tokens) = self.dialect.reported_prompt_tokens(data.as_bytes()) {
-                    self.prompt_tokens = Some(tokens);
-                    if strip && is_usage_only(&data) {
+                if let Some(usage) = self.dialect.reported_usage(data.as_bytes()) {
+                    let states_the_prompt = usage.input_tokens.is_some();
+                    self.usage.merge(usage);
+                    if strip && states_the_prompt && is_usage_only(&data) {
                         continue;
                     }
                 }
@@ -175,21 +178,24 @@ impl Drop for Observed {
             return;
         }
         if let ObserveMode::Json = self.mode {
-            self.prompt_tokens = self.prompt_tokens.or_else(|| self.json_body_usage());
+            if let Some(usage) = self.json_body_usage() {
+                self.usage.merge(usage);
+            }
         }
         self.report();
     }
 }
 
 impl Observed {
-    /// The prompt size the JSON body seen so far reports, if it was complete and small enough.
-    fn json_body_usage(&self) -> Option<u64> {
+    /// The usage the JSON body seen so far reports, if it was complete and small enough.
+    fn json_body_usage(&self) -> Option<Usage> {
         if self.json_len > JSON_TAIL_LIMIT {
             return None;
         }
         match self.json_chunks.as_slice() {
-            [single] => self.dialect.reported_prompt_tokens(single),
-            chunks => self.dialect.reported_prompt_tokens(&chunks.concat()),
+            [] => None,
+            [single] => self.dialect.reported_usage(single),
+            chunks => self.dialect.reported_usage(&chunks.concat()),
         }
     }
 }
@@ -223,16 +229,18 @@ impl Stream for Observed {
                 }
                 Poll::Ready(None) => {
                     if let ObserveMode::Json = self.mode {
-                        self.prompt_tokens = self.json_body_usage();
+                        if let Some(usage) = self.json_body_usage() {
+                            self.usage.merge(usage);
+                        }
                         self.json_chunks.clear();
                     } else if !self.buffer.is_empty() {
                         // A final event without its blank line: forward it as it is.
                         let rest = self.buffer.split().freeze();
                         let data = usage_event_data(&rest);
-                        if let Some(tokens) =
-                            data.and_then(|d| self.dialect.reported_prompt_tokens(d.as_bytes()))
+                        if let Some(usage) =
+                            data.and_then(|d| self.dialect.reported_usage(d.as_bytes()))
                         {
-                            self.prompt_tokens = Some(tokens);
+                            self.usage.merge(usage);
                         }
                         self.report();
                         return Poll::Ready(Some(Ok(rest)));
@@ -267,10 +275,21 @@ mod tests {
         String::from_utf8(parts.concat()).unwrap()
     }
 
+    /// A sink that keeps the prompt size reported.
     fn sink() -> (UsageSink, Arc<Mutex<Option<u64>>>) {
         let seen = Arc::new(Mutex::new(None));
         let s = seen.clone();
-        (Box::new(move |t| *s.lock().unwrap() = Some(t)), seen)
+        (
+            Box::new(move |u: Usage| *s.lock().unwrap() = u.input_tokens),
+            seen,
+        )
+    }
+
+    /// A sink that keeps the whole usage, once it is called.
+    fn usage_sink() -> (UsageSink, Arc<Mutex<Option<Usage>>>) {
+        let seen = Arc::new(Mutex::new(None));
+        let s = seen.clone();
+        (Box::new(move |u| *s.lock().unwrap() = Some(u)), seen)
     }
 
     const USAGE: &str = "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":42}}\n\n";
@@ -336,5 +355,60 @@ mod tests {
         let done = "event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"usage\":{\"input_tokens\":321,\"output_tokens\":4}}}\n\n";
         run(Observed::sse(source(&[done]), false, &Responses, s)).await;
         assert_eq!(*seen.lock().unwrap(), Some(321));
+    }
+
+    #[tokio::test]
+    async fn a_stream_reported_in_parts_is_merged() {
+        use crate::dialect::anthropic::Messages;
+        let (s, seen) = usage_sink();
+        let start = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"model\":\"claude-x\",\"usage\":{\"input_tokens\":5,\"cache_read_input_tokens\":90,\"cache_creation_input_tokens\":10,\"output_tokens\":1}}}\n\n";
+        let delta = "event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":17}}\n\n";
+        run(Observed::sse(source(&[start, delta]), false, &Messages, s)).await;
+        let usage = seen.lock().unwrap().clone().expect("reported at the end");
+        assert_eq!(
+            usage,
+            Usage {
+                input_tokens: Some(105),
+                output_tokens: Some(17),
+                cache_read_tokens: Some(90),
+                cache_creation_tokens: Some(10),
+                model: Some("claude-x".into()),
+            }
+        );
+
+        let (s, seen) = usage_sink();
+        let body = "{\"model\":\"gpt-x-2026\",\"choices\":[],\"usage\":{\"prompt_tokens\":70,\"completion_tokens\":6,\"prompt_tokens_details\":{\"cached_tokens\":64}}}";
+        run(Observed::json(source(&[body]), &Chat, s)).await;
+        let usage = seen.lock().unwrap().clone().unwrap();
+        assert_eq!(
+            (
+                usage.input_tokens,
+                usage.output_tokens,
+                usage.cache_read_tokens
+            ),
+            (Some(70), Some(6), Some(64))
+        );
+        assert_eq!(usage.model.as_deref(), Some("gpt-x-2026"));
+    }
+
+    #[tokio::test]
+    async fn the_sink_hears_of_a_body_without_usage_and_of_one_dropped_early() {
+        let (s, seen) = usage_sink();
+        run(Observed::sse(
+            source(&["data: {\"choices\":[{}]}\n\n", "data: [DONE]\n\n"]),
+            false,
+            &Chat,
+            s,
+        ))
+        .await;
+        assert_eq!(seen.lock().unwrap().clone(), Some(Usage::default()));
+
+        let (s, seen) = usage_sink();
+        let mut observed = Observed::sse(source(&["data: {}\n\n", USAGE]), false, &Chat, s);
+        let first = observed.next().await;
+        assert!(first.is_some());
+        assert_eq!(*seen.lock().unwrap(), None, "not before the body ends");
+        drop(observed);
+        assert_eq!(seen.lock().unwrap().clone(), Some(Usage::default()));
     }
 }

@@ -161,6 +161,23 @@ impl Upstream {
         })
     }
 
+    /// The provider's host, as its base URL names it.
+    pub fn host(&self) -> &str {
+        self.base.host_str().unwrap_or("")
+    }
+
+    /// The provider's port, stated or the scheme's.
+    pub fn port(&self) -> Option<u16> {
+        self.base.port_or_known_default()
+    }
+
+    /// The path `path_and_query` reaches on the provider (its base path joined on), without
+    /// the query.
+    pub fn path_of(&self, path_and_query: &str) -> String {
+        let path = path_and_query.split('?').next().unwrap_or("");
+        format!("{}{path}", self.base.path().trim_end_matches('/'))
+    }
+
     /// `{base}{path_and_query}`, e.g. `https://api.openai.com/v1` + `/models?x=1`; refused when
     /// the URL library's resolution of dot segments would take it out of the base path.
     fn url_for(&self, path_and_query: &str) -> Result<reqwest::Url, UpstreamError> {

@@ -24,7 +24,7 @@ use compactor::dialect::splice::{self, to_raw};
 use compactor::dialect::text::{cut_texts, Arguments};
 use compactor::dialect::{
     AnswerError, CallSettings, ClientError, Dialect, MessageView, Overflow, RequestError, Role,
-    SummaryRequest, Through, ToolCall, WireRequest, MAX_OUTPUT_TOKENS,
+    SummaryRequest, Through, ToolCall, Usage, WireRequest, MAX_OUTPUT_TOKENS,
 };
 use compactor::identity::{self, Hash};
 use compactor::tokenizer::Encoding;
@@ -188,9 +188,15 @@ impl Dialect for Turns {
         })
     }
 
-    fn reported_prompt_tokens(&self, json: &[u8]) -> Option<u64> {
+    fn reported_usage(&self, json: &[u8]) -> Option<Usage> {
         let value: Value = serde_json::from_slice(json).ok()?;
-        value.pointer("/usage/in")?.as_u64()
+        let count = |pointer: &str| value.pointer(pointer).and_then(Value::as_u64);
+        value.get("usage")?;
+        Some(Usage {
+            input_tokens: count("/usage/in"),
+            output_tokens: count("/usage/out"),
+            ..Usage::default()
+        })
     }
 
     /// A prompt that cannot fit is refused the way its provider refuses one, so that its

@@ -24,7 +24,7 @@ use crate::dialect::splice::to_raw;
 use crate::dialect::text::{cut_texts, part_texts, strings_in};
 use crate::dialect::{
     AnswerError, CallSettings, ClientError, Dialect, MessageView, RequestError, Role,
-    SummaryRequest, Through, ToolCall, WireRequest,
+    SummaryRequest, Through, ToolCall, Usage, WireRequest,
 };
 use crate::identity::{self, Hash};
 use crate::tokenizer::Encoding;
@@ -107,11 +107,23 @@ impl Dialect for Messages {
         wire::read_answer(body)
     }
 
-    /// `usage` of the answer, or of a stream's `message_start`: fresh, cached and cache-written
-    /// input together.
-    fn reported_prompt_tokens(&self, json: &[u8]) -> Option<u64> {
+    /// `usage` of the answer, of a stream's `message_start` (the prompt: fresh, cached and
+    /// cache-written input together) or of its `message_delta` (the output so far).
+    fn reported_usage(&self, json: &[u8]) -> Option<Usage> {
         let value: Value = serde_json::from_slice(json).ok()?;
-        wire::usage_of(&value).and_then(wire::prompt_tokens)
+        let usage = wire::usage_of(&value)?;
+        let field = |name: &str| usage.get(name).and_then(Value::as_u64);
+        let model = value
+            .get("model")
+            .or_else(|| value.get("message").and_then(|m| m.get("model")))
+            .and_then(Value::as_str);
+        Some(Usage {
+            input_tokens: wire::prompt_tokens(usage),
+            output_tokens: field("output_tokens"),
+            cache_read_tokens: field("cache_read_input_tokens"),
+            cache_creation_tokens: field("cache_creation_input_tokens"),
+            model: model.map(str::to_string),
+        })
     }
 }
 

@@ -22,7 +22,7 @@ use crate::dialect::media::{Billing, MediaCost};
 use crate::dialect::overflow::{self, Overflow};
 use crate::dialect::{
     AnswerError, CallSettings, ClientError, Dialect, MessageView, RequestError, Role,
-    SummaryRequest, Through, WireRequest,
+    SummaryRequest, Through, Usage, WireRequest,
 };
 use crate::identity::{self, Hash};
 use crate::tokenizer::{Cancel, Encoding, TOKENS_FOR_TOOLS};
@@ -87,24 +87,39 @@ impl Dialect for Chat {
         transcript::read_answer(body)
     }
 
-    fn reported_prompt_tokens(&self, json: &[u8]) -> Option<u64> {
-        serde_json::from_slice::<UsageOnly>(json)
-            .ok()?
-            .usage?
-            .prompt_tokens
+    /// `usage` (`prompt_tokens`, `completion_tokens`, `prompt_tokens_details.cached_tokens`)
+    /// and `model`.
+    fn reported_usage(&self, json: &[u8]) -> Option<Usage> {
+        let answer = serde_json::from_slice::<UsageOnly>(json).ok()?;
+        let usage = answer.usage?;
+        Some(Usage {
+            input_tokens: usage.prompt_tokens,
+            output_tokens: usage.completion_tokens,
+            cache_read_tokens: usage.prompt_tokens_details.and_then(|d| d.cached_tokens),
+            cache_creation_tokens: None,
+            model: answer.model,
+        })
     }
 }
 
-/// Only the field calibration needs: the rest of a (possibly large) answer is skipped without
+/// Only the fields usage is read from: the rest of a (possibly large) answer is skipped without
 /// building values.
 #[derive(serde::Deserialize)]
 struct UsageOnly {
-    usage: Option<PromptTokens>,
+    model: Option<String>,
+    usage: Option<ChatUsage>,
 }
 
 #[derive(serde::Deserialize)]
-struct PromptTokens {
+struct ChatUsage {
     prompt_tokens: Option<u64>,
+    completion_tokens: Option<u64>,
+    prompt_tokens_details: Option<PromptDetails>,
+}
+
+#[derive(serde::Deserialize)]
+struct PromptDetails {
+    cached_tokens: Option<u64>,
 }
 
 impl WireRequest for ChatRequest {

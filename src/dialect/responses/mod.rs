@@ -20,7 +20,7 @@ use serde_json::{json, Value};
 
 use crate::dialect::overflow::{self, Overflow};
 
-use super::{AnswerError, ClientError, Dialect, RequestError, SummaryRequest, WireRequest};
+use super::{AnswerError, ClientError, Dialect, RequestError, SummaryRequest, Usage, WireRequest};
 pub use request::ResponsesRequest;
 
 /// The Responses dialect.
@@ -91,12 +91,23 @@ impl Dialect for Responses {
         opening_only
     }
 
-    /// `usage.input_tokens` of a response, or of the response a `response.completed` event
-    /// carries.
-    fn reported_prompt_tokens(&self, json: &[u8]) -> Option<u64> {
+    /// `usage` (`input_tokens`, `output_tokens`, `input_tokens_details.cached_tokens`) and
+    /// `model` of a response, or of the response a `response.completed` event carries.
+    fn reported_usage(&self, json: &[u8]) -> Option<Usage> {
         let value: Value = serde_json::from_slice(json).ok()?;
         let response = value.get("response").unwrap_or(&value);
-        response.pointer("/usage/input_tokens")?.as_u64()
+        let usage = response.get("usage").filter(|u| u.is_object())?;
+        let count = |pointer: &str| usage.pointer(pointer).and_then(Value::as_u64);
+        Some(Usage {
+            input_tokens: count("/input_tokens"),
+            output_tokens: count("/output_tokens"),
+            cache_read_tokens: count("/input_tokens_details/cached_tokens"),
+            cache_creation_tokens: None,
+            model: response
+                .get("model")
+                .and_then(Value::as_str)
+                .map(str::to_string),
+        })
     }
 
     /// OpenAI's error shape, as for chat completions.
