@@ -8,7 +8,8 @@
 //! `x-mock-billed-tokens` sets the prompt size the mock reports (and enforces), and
 //! `x-mock-template-tokens` adds to its count, as a chat template would.
 //!
-//! Beside it: [`messages_mock`] and [`responses_mock`], the same for one format each;
+//! Beside it: [`messages_mock`] and [`responses_mock`], the same for one format each; [`otlp`], a
+//! collector that decodes the traces exported to it;
 //! [`provider_mock`], one mock serving all three formats alike (the dialect battery's);
 //! [`turns_dialect`], a wire format written only for the tests; [`redis_server`] and
 //! [`redis_cluster`], real Redis processes on free ports; [`media`], real image and PDF bytes.
@@ -469,6 +470,7 @@ pub fn completion_json(text: &str, prompt_tokens: u64) -> Value {
 pub mod agent_session;
 pub mod media;
 pub mod messages_mock;
+pub mod otlp;
 pub mod provider_mock;
 pub mod redis_cluster;
 pub mod redis_server;
