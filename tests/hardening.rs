@@ -236,6 +236,10 @@ fn check_config_and_serve_hide_url_credentials() {
             "https://carol:anthropic-pw@127.0.0.1:9/?key=anthropic-key",
         )
         .env("COMPACTOR_STORE", "redis://:redis-pw@127.0.0.1:9/")
+        .env(
+            "COMPACTOR_TELEMETRY__OTLP_ENDPOINT",
+            "https://dave:otel-pw@127.0.0.1:9/?api-key=otel-key",
+        )
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -248,6 +252,9 @@ fn check_config_and_serve_hide_url_credentials() {
         "carol",
         "anthropic-pw",
         "anthropic-key",
+        "dave",
+        "otel-pw",
+        "otel-key",
     ] {
         assert!(
             !stdout.contains(secret),

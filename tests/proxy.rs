@@ -735,6 +735,10 @@ fn check_config_prints_the_effective_config_with_secrets_redacted() {
         .env("COMPACTOR_UPSTREAM", "http://127.0.0.1:9/v1")
         .env("COMPACTOR_ANTHROPIC_UPSTREAM", "http://127.0.0.1:10")
         .env("COMPACTOR_ANTHROPIC_UPSTREAM_KEY_ENV", "ANTHROPIC_API_KEY")
+        .env(
+            "COMPACTOR_TELEMETRY__OTLP_ENDPOINT",
+            "http://127.0.0.1:4318",
+        )
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -756,6 +760,14 @@ fn check_config_prints_the_effective_config_with_secrets_redacted() {
         Some("ANTHROPIC_API_KEY")
     );
     assert_eq!(shown["listen"].as_str(), Some("127.0.0.1:8787"));
+    assert_eq!(
+        shown["telemetry"]["otlp_endpoint"].as_str(),
+        Some("http://127.0.0.1:4318")
+    );
+    assert_eq!(
+        shown["telemetry"]["service_name"].as_str(),
+        Some("compactor")
+    );
     assert_eq!(shown["max_body_bytes"].as_integer(), Some(32 * 1024 * 1024));
 }
 

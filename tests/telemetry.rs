@@ -534,3 +534,52 @@ async fn no_span_holds_message_text_a_summary_or_a_credential() {
     // What the spans do say is there.
     assert!(exported.contains("gen_ai.conversation.id"));
 }
+
+#[tokio::test]
+async fn a_retry_after_an_overflow_is_a_second_call_after_its_summary() {
+    let collector = otlp::start_collector().await;
+    let mock = start_mock().await;
+    // The provider's window is far smaller than the one the proxy assumes.
+    mock.set_window(1000);
+    let mut cfg = config(&mock.url());
+    cfg.summarizer.window = 200_000;
+    let mut proxy = traced_proxy(cfg, &collector).await;
+    let reply = send(
+        &format!("{}/v1/chat/completions", proxy.url()),
+        &[("authorization", "Bearer k")],
+        history("m").to_string(),
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(reply.header("x-compactor-compacted"), Some("true"));
+    assert_eq!(mock.chats().len(), 2, "one retry");
+    proxy.stopped().await;
+
+    let spans = collector.spans();
+    let requests = of_kind(&spans, SpanKind::Server);
+    assert_eq!(requests.len(), 1);
+    let below = children(&spans, &requests[0]);
+    let mut calls: Vec<&&Span> = below
+        .iter()
+        .filter(|s| s.kind == SpanKind::Client as i32)
+        .collect();
+    calls.sort_by_key(|s| int(s, "compactor.upstream.attempt"));
+    assert_eq!(calls.len(), 2);
+    assert_eq!(int(calls[0], "http.response.status_code"), Some(400));
+    assert_eq!(text(calls[0], "error.type").as_deref(), Some("400"));
+    assert_eq!(int(calls[1], "http.response.status_code"), Some(200));
+    assert!(
+        calls[0].end_time_unix_nano <= calls[1].start_time_unix_nano,
+        "the refused call ended before the retry"
+    );
+    let summaries: Vec<_> = below
+        .iter()
+        .filter(|s| s.name == "compactor summary")
+        .collect();
+    assert_eq!(summaries.len(), 1, "only the retry needed a summary");
+    assert_eq!(
+        text(summaries[0], "compactor.summary.trigger").as_deref(),
+        Some("overflow")
+    );
+    assert!(summaries[0].start_time_unix_nano >= calls[0].end_time_unix_nano);
+}

@@ -206,6 +206,7 @@ impl<'a> Exchange<'a> {
             // The provider's window is smaller than we thought: learn it, compact harder, retry
             // once, on the conversation already identified.
             self.app.metrics.overflow_retries.inc();
+            std::mem::take(&mut call).end();
             let again = engine
                 .retry_after_overflow(identified, overflow, outcome.sent_raw_tokens)
                 .await
