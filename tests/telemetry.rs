@@ -185,7 +185,7 @@ fn children<'a>(spans: &'a [Span], parent: &Span) -> Vec<&'a Span> {
         .collect()
 }
 
-fn header<'a>(reply: &'a Reply, name: &str) -> i64 {
+fn header(reply: &Reply, name: &str) -> i64 {
     reply.header(name).unwrap().parse().unwrap()
 }
 

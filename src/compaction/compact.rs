@@ -90,7 +90,7 @@ impl Engine {
                 report.checkpoint_id = Some(checkpoint.id.clone());
                 report.tokens_before = checkpoint.tokens_before;
                 report.tokens_after = checkpoint.tokens_after;
-                outcome.summary = Some(report);
+                outcome.summary = Some(Box::new(report));
                 if summarized {
                     self.count_compaction(trigger);
                     outcome.summarized = true;
@@ -116,7 +116,7 @@ impl Engine {
                     "Compaction failed; serving the request without it."
                 );
                 report.failure = Some(e.to_string());
-                outcome.summary = Some(report);
+                outcome.summary = Some(Box::new(report));
                 outcome.status = Some(Status::Failed {
                     reason: e.to_string(),
                     fallback: "original",

@@ -155,7 +155,7 @@ pub struct Outcome {
     /// are kept under (logs show its first 16 digits).
     pub anchor: Option<String>,
     /// The summary stage, when the request went through it (for its trace).
-    pub summary: Option<SummaryReport>,
+    pub summary: Option<Box<SummaryReport>>,
 }
 
 /// The summary stage of one request, as its trace shows it: when it ran, why, with which model,
