@@ -170,11 +170,19 @@ impl Span {
 
     /// Marks the span failed, with a short reason of low cardinality (`error.type`).
     pub fn fail(&mut self, error_type: impl Into<String>) {
+        self.ended_in_error(error_type, true);
+    }
+
+    /// Says what the operation ended with (`error.type`); with `failed`, the span's status is
+    /// an error too (a server's span is not failed by its client's mistake).
+    pub fn ended_in_error(&mut self, error_type: impl Into<String>, failed: bool) {
         if let Some(r) = &mut self.recording {
             let error_type = error_type.into();
             r.span
                 .set_attribute(KeyValue::new("error.type", error_type.clone()));
-            r.span.set_status(Status::error(error_type));
+            if failed {
+                r.span.set_status(Status::error(error_type));
+            }
         }
     }
 

@@ -19,6 +19,7 @@ use common::otlp::{self, flag, int, text, Collector};
 use common::{config, post as send, start_mock, start_proxy, Proxy, Reply};
 use compactor::config::Config;
 use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
+use opentelemetry_proto::tonic::trace::v1::status::StatusCode;
 use opentelemetry_proto::tonic::trace::v1::Span;
 use serde_json::{json, Value};
 
@@ -567,6 +568,12 @@ async fn a_retry_after_an_overflow_is_a_second_call_after_its_summary() {
     assert_eq!(calls.len(), 2);
     assert_eq!(int(calls[0], "http.response.status_code"), Some(400));
     assert_eq!(text(calls[0], "error.type").as_deref(), Some("400"));
+    let refused = calls[0].status.clone().unwrap_or_default();
+    assert_eq!(
+        refused.code,
+        StatusCode::Error as i32,
+        "the provider refused the call"
+    );
     assert_eq!(int(calls[1], "http.response.status_code"), Some(200));
     assert!(
         calls[0].end_time_unix_nano <= calls[1].start_time_unix_nano,
@@ -582,4 +589,30 @@ async fn a_retry_after_an_overflow_is_a_second_call_after_its_summary() {
         Some("overflow")
     );
     assert!(summaries[0].start_time_unix_nano >= calls[0].end_time_unix_nano);
+}
+
+#[tokio::test]
+async fn a_refused_request_is_a_span_that_says_why_without_failing_the_server() {
+    let collector = otlp::start_collector().await;
+    let (addr, provider) = start_provider().await;
+    let mut proxy = traced_proxy(proxy_to(addr), &collector).await;
+    let reply = send(
+        &format!("{}/v1/chat/completions", proxy.url()),
+        &[],
+        "{not json".into(),
+    )
+    .await;
+    assert_eq!(reply.status, 400);
+    assert!(provider.headers.lock().unwrap().is_empty());
+    proxy.stopped().await;
+
+    let spans = collector.spans();
+    assert_eq!(spans.len(), 1, "no call upstream: {spans:?}");
+    let span = &spans[0];
+    assert_eq!(span.name, "chat");
+    assert_eq!(int(span, "http.response.status_code"), Some(400));
+    assert_eq!(text(span, "error.type").as_deref(), Some("400"));
+    // A client's mistake is not the server's failure (the HTTP conventions for servers).
+    let status = span.status.clone().unwrap_or_default();
+    assert_ne!(status.code, StatusCode::Error as i32);
 }

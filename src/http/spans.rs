@@ -84,7 +84,7 @@ pub(super) fn call_answered(span: &mut Span, response: &Result<UpstreamResponse,
         return;
     }
     match response {
-        Ok(response) => status(span, response.status.as_u16()),
+        Ok(response) => call_status(span, response.status.as_u16()),
         Err(e) => span.fail(match e {
             UpstreamError::Unreachable(_) => "upstream_unreachable",
             UpstreamError::Broken(_) => "upstream_broken",
@@ -94,8 +94,18 @@ pub(super) fn call_answered(span: &mut Span, response: &Result<UpstreamResponse,
     }
 }
 
-/// The status of an answer: an error status is the span's failure.
+/// The status of the answer to the client: an error status is what the request ended with,
+/// and the span's failure when it is the proxy's or the provider's (5xx), as the HTTP
+/// conventions have it for a server.
 pub(super) fn status(span: &mut Span, status: u16) {
+    span.set("http.response.status_code", i64::from(status));
+    if status >= 400 {
+        span.ended_in_error(status.to_string(), status >= 500);
+    }
+}
+
+/// The status of the provider's answer: any error status fails the call.
+fn call_status(span: &mut Span, status: u16) {
     span.set("http.response.status_code", i64::from(status));
     if status >= 400 {
         span.fail(status.to_string());
