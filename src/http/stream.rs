@@ -389,6 +389,26 @@ mod tests {
             (Some(70), Some(6), Some(64))
         );
         assert_eq!(usage.model.as_deref(), Some("gpt-x-2026"));
+
+        let (s, seen) = usage_sink();
+        let done = "event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"model\":\"gpt-r\",\"usage\":{\"input_tokens\":321,\"input_tokens_details\":{\"cached_tokens\":300},\"output_tokens\":4}}}\n\n";
+        run(Observed::sse(
+            source(&[done]),
+            false,
+            &crate::dialect::responses::Responses,
+            s,
+        ))
+        .await;
+        let usage = seen.lock().unwrap().clone().unwrap();
+        assert_eq!(
+            (
+                usage.input_tokens,
+                usage.output_tokens,
+                usage.cache_read_tokens
+            ),
+            (Some(321), Some(4), Some(300))
+        );
+        assert_eq!(usage.model.as_deref(), Some("gpt-r"));
     }
 
     #[tokio::test]
