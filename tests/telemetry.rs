@@ -209,9 +209,14 @@ fn assert_request_span(span: &Span, reply: &Reply, provider: &str, asked: &str, 
         int(span, "gen_ai.usage.cache_read.input_tokens"),
         Some(CACHE_READ as i64)
     );
+    // The id the conversation page and its endpoints know it by.
     let conversation = text(span, "gen_ai.conversation.id").unwrap();
+    assert_eq!(
+        Some(conversation.as_str()),
+        reply.header("x-compactor-conversation").as_deref()
+    );
     assert!(
-        conversation.len() == 16 && conversation.chars().all(|c| c.is_ascii_hexdigit()),
+        conversation.chars().all(|c| c.is_ascii_hexdigit()),
         "{conversation}"
     );
     assert_eq!(flag(span, "compactor.compacted"), Some(false));
