@@ -12,6 +12,9 @@
 //! [`score`] extracts what a summary must keep from that span and measures how much of it a
 //! summary holds. [`score::RULES`] states the extraction rules in words for the results file.
 
+mod probe_run;
+mod probes;
+mod replay;
 mod score;
 mod span;
 
@@ -87,6 +90,11 @@ struct Args {
     /// Score the reference summaries only; no model is asked.
     #[arg(long)]
     no_model: bool,
+    /// Run the probe benchmark instead ([`probe_run`]): conversations with a reference summary
+    /// scored at their compaction point, the others replayed through the engine at `--window`.
+    /// No model is asked.
+    #[arg(long)]
+    probes: bool,
     /// Markdown file the results are appended to.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -127,6 +135,18 @@ async fn main() -> std::process::ExitCode {
 }
 
 async fn run(args: &Args) -> Result<(), String> {
+    if args.probes {
+        return probe_run::run(&probe_run::ProbeArgs {
+            files: &args.files,
+            window: args.window,
+            keep_tokens: args.keep_tokens,
+            label: &args.label,
+            revision: &args.revision,
+            date: &args.date,
+            out: args.out.as_deref(),
+        })
+        .await;
+    }
     let budget = args
         .summary_tokens
         .unwrap_or_else(|| (args.window / 8).clamp(128, 4096));

@@ -108,7 +108,7 @@ impl SpanFacts {
         let paths = files.read.union(&files.modified).cloned().collect();
         let text = span.iter().map(|m| message_text(m)).collect::<Vec<_>>();
         let text = text.join("\n").to_lowercase();
-        let frequency = word_frequency(&text);
+        let frequency = word_frequency_of(&text);
         let mut requests = Vec::new();
         let mut unscored_requests = 0;
         for (&index, message) in indices.iter().zip(&span) {
@@ -116,24 +116,11 @@ impl SpanFacts {
             if message.role != Role::User || content.contains("<summary>") {
                 continue;
             }
-            let mut words = distinctive_words(&content);
+            let words = key_words(&content, &frequency);
             if words.len() < 2 {
                 unscored_requests += 1;
                 continue;
             }
-            // Words used nowhere else in the span (typos, asides) say little about the topic;
-            // of the others, the rarest say most.
-            let own = word_frequency(&content);
-            let elsewhere = |w: &String| {
-                let all = frequency.get(w.as_str()).copied().unwrap_or(0);
-                all.saturating_sub(own.get(w.as_str()).copied().unwrap_or(0))
-            };
-            if words.iter().filter(|w| elsewhere(w) > 0).count() >= 2 {
-                words.retain(|w| elsewhere(w) > 0);
-            }
-            // Stable sort: equally rare words keep the order the user wrote them in.
-            words.sort_by_key(|w| elsewhere(w));
-            words.truncate(KEY_WORDS);
             requests.push(Request {
                 message: index,
                 key_words: words,
@@ -146,6 +133,27 @@ impl SpanFacts {
             text,
         }
     }
+}
+
+/// The key words of one user message (`content`, lowercased) in a span whose word counts are
+/// `frequency`: its distinctive words, those also used elsewhere in the span when at least two
+/// are, rarest first, at most [`KEY_WORDS`].
+pub fn key_words(content: &str, frequency: &HashMap<String, usize>) -> Vec<String> {
+    let mut words = distinctive_words(content);
+    // Words used nowhere else in the span (typos, asides) say little about the topic; of the
+    // others, the rarest say most.
+    let own = word_frequency(content);
+    let elsewhere = |w: &String| {
+        let all = frequency.get(w.as_str()).copied().unwrap_or(0);
+        all.saturating_sub(own.get(w.as_str()).copied().unwrap_or(0))
+    };
+    if words.iter().filter(|w| elsewhere(w) > 0).count() >= 2 {
+        words.retain(|w| elsewhere(w) > 0);
+    }
+    // Stable sort: equally rare words keep the order the user wrote them in.
+    words.sort_by_key(|w| elsewhere(w));
+    words.truncate(KEY_WORDS);
+    words
 }
 
 /// The entities of `reference` that occur in the span.
@@ -271,7 +279,7 @@ fn candidate_entities(summary: &str) -> Vec<String> {
     out
 }
 
-fn looks_like_code(token: &str) -> bool {
+pub fn looks_like_code(token: &str) -> bool {
     let has_letter = token.chars().any(|c| c.is_ascii_alphabetic());
     let digits = token.chars().filter(char::is_ascii_digit).count();
     let inner_capital = token.char_indices().skip(1).any(|(i, c)| {
@@ -307,8 +315,21 @@ fn words(text: &str) -> impl Iterator<Item = String> + '_ {
     WORD.find_iter(text).map(|m| m.as_str().to_string())
 }
 
-fn stem(word: &str) -> String {
+/// The stems of the words of `text` (lowercased).
+pub fn stems_of(text: &str) -> BTreeSet<String> {
+    words(text).map(|w| stem(&w)).collect()
+}
+
+pub fn stem(word: &str) -> String {
     word.chars().take(STEM).collect()
+}
+
+/// How often each word occurs in `text` (lowercased).
+pub fn word_frequency_of(text: &str) -> HashMap<String, usize> {
+    word_frequency(text)
+        .into_iter()
+        .map(|(w, n)| (w.to_string(), n))
+        .collect()
 }
 
 fn word_frequency(text: &str) -> HashMap<&str, usize> {

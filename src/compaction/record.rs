@@ -125,11 +125,7 @@ impl Record {
                     if call.is_some_and(|(name, args)| files::reads(name, args)) {
                         continue;
                     }
-                    let lines = view
-                        .text
-                        .lines()
-                        .filter(|l| ERROR_LINE.is_match(l) && !NO_ERRORS.is_match(l));
-                    for line in lines.take(ERRORS_PER_RESULT) {
+                    for line in error_lines(&view.text).take(ERRORS_PER_RESULT) {
                         record.push(ERRORS, one_line(line, LINE_CHARS));
                     }
                 }
@@ -461,7 +457,7 @@ fn normalized(text: &str) -> String {
 }
 
 /// The shell command a tool call ran, if it ran one.
-fn shell_command(tool: &str, args: &Value) -> Option<String> {
+pub fn shell_command(tool: &str, args: &Value) -> Option<String> {
     let command = args.get("command").or_else(|| args.get("cmd"))?;
     let command = match command {
         Value::String(s) => s.clone(),
@@ -476,6 +472,13 @@ fn shell_command(tool: &str, args: &Value) -> Option<String> {
         .iter()
         .any(|t| tool.to_ascii_lowercase().contains(t));
     (shell_tool || command.trim().contains(char::is_whitespace)).then_some(command)
+}
+
+/// The lines of a tool's output that report a failure, in order (`0 errors` is none).
+pub fn error_lines(output: &str) -> impl Iterator<Item = &str> {
+    output
+        .lines()
+        .filter(|l| ERROR_LINE.is_match(l) && !NO_ERRORS.is_match(l))
 }
 
 /// Code-like names (`camelCase`, `PascalCase`, `snake_case`) in what an edit wrote, in order.

@@ -2,7 +2,7 @@
 //! what it is, the summary, and what code carries beside it (the files read and modified).
 
 /// The words around a summary that tell the model what it is reading.
-const SUMMARY_PREAMBLE: &str = "[Context compacted] The earlier part of this conversation was \
+pub const SUMMARY_PREAMBLE: &str = "[Context compacted] The earlier part of this conversation was \
 replaced by the summary below to fit the model's context window. Treat it as the record of \
 what was said and done before; the messages after it continue the conversation verbatim.";
 

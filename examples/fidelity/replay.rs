@@ -1,0 +1,244 @@
+//! A conversation replayed through Compactor's own engine at a small window, as a client sends
+//! it: the whole history up to each point where the model answers next (after a user message
+//! or a tool result), every request through the same engine and store, so that it compacts again
+//! and again. The summarizer writes a text that carries nothing, so what the requests still hold
+//! of the replaced turns is what code carries (the record and the file lists).
+//!
+//! At each compaction point the probes of the newly replaced span ([`probes::draw`]) are scored
+//! on the request just forwarded; after the last request, every probe of the run is scored on
+//! it, and on a drop-oldest request of the same size.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use compactor::compaction::summary_text::SUMMARY_PREAMBLE;
+use compactor::compaction::{Engine, Parts, RequestContext, Summarizer, SummarizerError};
+use compactor::config::{CompactionConfig, SummarizerConfig};
+use compactor::dialect::chat::request::ChatRequest;
+use compactor::dialect::{MessageView, Role, SummaryRequest, WireRequest};
+use compactor::identity;
+use compactor::measure::{windows::WindowTable, Meter};
+use compactor::metrics::Metrics;
+use compactor::store::{memory::MemoryStore, CheckpointStore};
+use serde_json::Value;
+
+use crate::probes::{self, Haystack, Probe, Tally};
+
+/// A summarizer whose text carries nothing of the span.
+struct Blank;
+
+#[async_trait::async_trait]
+impl Summarizer for Blank {
+    async fn summarize(
+        &self,
+        _request: &SummaryRequest<'_>,
+        _credentials: &http::HeaderMap,
+    ) -> Result<String, SummarizerError> {
+        Ok(String::new())
+    }
+}
+
+/// What one replay measured.
+#[derive(Debug, Default)]
+pub struct Replay {
+    /// Requests sent through the engine.
+    pub requests: usize,
+    /// Requests that moved the cut forward: compaction points.
+    pub compactions: usize,
+    /// At each compaction point, the newly replaced span's probes on the request forwarded.
+    pub at_points: Tally,
+    /// The same probes on a drop-oldest request of the same size at each point.
+    pub at_points_dropped: Tally,
+    /// After the last request: every probe of the run.
+    pub last: Tally,
+    pub last_dropped: Tally,
+    /// Tokens of the last request forwarded, and of the history it stands for.
+    pub last_tokens: u64,
+    pub original_tokens: u64,
+    /// Tokens forwarded and tokens of the history, summed over the compaction points.
+    pub point_tokens: (u64, u64),
+}
+
+/// Replays `body` (a chat request with the whole conversation) at `window` tokens.
+pub async fn replay(body: &Value, window: u64) -> Result<Replay, String> {
+    let messages = body["messages"]
+        .as_array()
+        .ok_or("the conversation has no messages")?
+        .clone();
+    let engine = engine(window);
+    let context = RequestContext {
+        tenant: identity::tenant("Bearer fidelity"),
+        ..RequestContext::default()
+    };
+    let meter = Meter::new(100_000);
+    let full = parse(body, &messages)?;
+    let views: Vec<(Role, MessageView)> = full
+        .messages
+        .iter()
+        .map(|m| (m.role, m.view().clone()))
+        .collect();
+    let tokens: Vec<u64> = meter
+        .measure(&full)
+        .elements
+        .iter()
+        .map(|e| e.tokens)
+        .collect();
+    let mut out = Replay::default();
+    let mut covered = first_turn(&views);
+    let mut seen = BTreeSet::new();
+    let mut all: Vec<Probe> = Vec::new();
+    let ends: Vec<usize> = (1..=messages.len())
+        .filter(|&end| end == messages.len() || views[end].0 == Role::Assistant)
+        .filter(|&end| matches!(views[end - 1].0, Role::User | Role::Tool))
+        .collect();
+    let mut last_sent = Vec::new();
+    for &end in &ends {
+        let request: Arc<dyn WireRequest> = Arc::new(parse(body, &messages[..end])?);
+        let prepared = engine
+            .prepare(&context, &request)
+            .await
+            .map_err(|e| format!("request {}: {e}", out.requests + 1))?;
+        out.requests += 1;
+        let sent = parse_sent(&prepared.body)?;
+        let now_covered = cut_of(&sent, end);
+        if now_covered > covered {
+            out.compactions += 1;
+            let span = &views[covered..now_covered];
+            let mut fresh = probes::draw(span);
+            fresh.retain(|p| seen.insert((p.category, p.answer.clone())));
+            let sent_tokens = meter.measure(&sent).total();
+            let history = meter.measure(request.as_ref()).total();
+            out.point_tokens.0 += sent_tokens;
+            out.point_tokens.1 += history;
+            out.at_points.add(&Tally::score(&fresh, &haystack(&sent)));
+            let dropped = drop_oldest(&views[..end], &tokens[..end], sent_tokens);
+            out.at_points_dropped
+                .add(&Tally::score(&fresh, &Haystack::new(&dropped)));
+            all.extend(fresh);
+            covered = now_covered;
+        }
+        last_sent = prepared.body;
+    }
+    let sent = parse_sent(&last_sent)?;
+    out.last_tokens = meter.measure(&sent).total();
+    out.original_tokens = meter.measure(&full).total();
+    out.last = Tally::score(&all, &haystack(&sent));
+    let dropped = drop_oldest(&views, &tokens, out.last_tokens);
+    out.last_dropped = Tally::score(&all, &Haystack::new(&dropped));
+    Ok(out)
+}
+
+/// The engine at `window`, with the memory store, real time and no ahead-of-time summaries (a
+/// replay sends the next request at once).
+fn engine(window: u64) -> Arc<Engine> {
+    let config = CompactionConfig {
+        ahead_of_time: false,
+        max_summary_chunks: 10_000,
+        ..CompactionConfig::default()
+    };
+    let summarizer = SummarizerConfig {
+        window: 1_000_000,
+        ..SummarizerConfig::default()
+    };
+    let parts = Parts {
+        store: Arc::new(MemoryStore::default()) as Arc<dyn CheckpointStore>,
+        meter: Meter::new(100_000),
+        windows: WindowTable::new(&BTreeMap::new(), window),
+        summary_writer: Arc::new(Blank),
+        metrics: Arc::new(Metrics::default()),
+    };
+    Arc::new(Engine::new(config, summarizer, parts))
+}
+
+/// Where the conversation's own turns start: after its instructions.
+fn first_turn(views: &[(Role, MessageView)]) -> usize {
+    views
+        .iter()
+        .position(|(role, _)| *role != Role::System)
+        .unwrap_or(views.len())
+}
+
+fn parse(body: &Value, messages: &[Value]) -> Result<ChatRequest, String> {
+    let mut body = body.clone();
+    body["messages"] = Value::Array(messages.to_vec());
+    ChatRequest::parse(body.to_string().as_bytes()).map_err(|e| e.to_string())
+}
+
+fn parse_sent(body: &[u8]) -> Result<ChatRequest, String> {
+    ChatRequest::parse(body).map_err(|e| format!("forwarded body: {e}"))
+}
+
+/// How many of the first `sent_of` messages the forwarded request replaced: all before the
+/// messages it kept after its summary.
+fn cut_of(sent: &ChatRequest, sent_of: usize) -> usize {
+    let summary = sent
+        .messages
+        .iter()
+        .position(|m| m.role == Role::User && m.view().text.starts_with(SUMMARY_PREAMBLE));
+    match summary {
+        Some(at) => sent_of - (sent.messages.len() - at - 1),
+        None => 0,
+    }
+}
+
+/// What a request says outside its instructions: message texts, tool names and arguments.
+fn haystack(request: &ChatRequest) -> Haystack {
+    let views: Vec<(Role, MessageView)> = request
+        .messages
+        .iter()
+        .map(|m| (m.role, m.view().clone()))
+        .collect();
+    Haystack::new(&text_of(&views))
+}
+
+fn text_of(views: &[(Role, MessageView)]) -> String {
+    let mut text = String::new();
+    for (role, view) in views {
+        if *role == Role::System {
+            continue;
+        }
+        text.push_str(&view.text);
+        text.push('\n');
+        for call in &view.tool_calls {
+            text.push_str(&call.name);
+            text.push('\n');
+            match serde_json::from_str::<Value>(&call.arguments) {
+                Ok(args) => push_strings(&args, &mut text),
+                Err(_) => text.push_str(&call.arguments),
+            }
+            text.push('\n');
+        }
+    }
+    text
+}
+
+fn push_strings(value: &Value, out: &mut String) {
+    match value {
+        Value::String(s) => {
+            out.push_str(s);
+            out.push('\n');
+        }
+        Value::Array(items) => items.iter().for_each(|v| push_strings(v, out)),
+        Value::Object(map) => map.values().for_each(|v| push_strings(v, out)),
+        other => {
+            out.push_str(&other.to_string());
+            out.push('\n');
+        }
+    }
+}
+
+/// The text of a request of at most `budget` tokens that keeps the instructions and the newest
+/// messages, starting at a message a conversation may start at (not a tool result).
+pub fn drop_oldest(views: &[(Role, MessageView)], tokens: &[u64], budget: u64) -> String {
+    let head = first_turn(views);
+    let mut used: u64 = tokens[..head].iter().sum();
+    let mut start = views.len();
+    while start > head && used + tokens[start - 1] <= budget {
+        start -= 1;
+        used += tokens[start];
+    }
+    while start < views.len() && views[start].0 == Role::Tool {
+        start += 1;
+    }
+    text_of(&views[start..])
+}
