@@ -144,6 +144,7 @@ async fn run(args: &Args) -> Result<(), String> {
             revision: &args.revision,
             date: &args.date,
             out: args.out.as_deref(),
+            summaries: args.summaries.as_deref(),
         })
         .await;
     }

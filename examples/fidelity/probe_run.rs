@@ -32,6 +32,8 @@ pub struct ProbeArgs<'a> {
     pub revision: &'a str,
     pub date: &'a str,
     pub out: Option<&'a Path>,
+    /// Where the last summary of each replay is written, for reading.
+    pub summaries: Option<&'a Path>,
 }
 
 /// One scored request: its probes' tally and its tokens against the history's.
@@ -67,6 +69,12 @@ pub async fn run(args: &ProbeArgs<'_>) -> Result<(), String> {
                     replayed.compactions,
                     started.elapsed().as_secs_f64()
                 );
+                if let Some(dir) = args.summaries {
+                    let _ = std::fs::create_dir_all(dir);
+                    let path = dir.join(format!("{}-{name}-replayed.md", args.label));
+                    std::fs::write(&path, &replayed.last_summary)
+                        .map_err(|e| format!("{}: {e}", path.display()))?;
+                }
                 replays.push((name, replayed));
             }
         }

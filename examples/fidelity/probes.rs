@@ -23,10 +23,10 @@ pub const PROBE_RULES: &str = "\
 with what was done to it; answered when the path, or its last two components, occurs.
 - **commands**: each distinct shell command a tool call ran; the answer is its first line, \
 whitespace collapsed, cut to 60 characters.
-- **identifiers**: names an edit or a write defined or introduced: a name after a declaration \
-keyword (`fn`, `function`, `class`, `const`, `def`, `interface`, `type`, `struct`, `enum`, …) \
-in what was written, and code-like names (`camelCase`, `snake_case`, `PascalCase` with an inner \
-capital) on an edit's new side that its old side lacks; answered when the name occurs whole.
+- **identifiers**: the symbols an edit or a write defined or edited: each name after a \
+declaration keyword (`fn`, `function`, `class`, `const`, `let`, `def`, `interface`, `type`, \
+`struct`, `enum`, `trait`, …) on either side of an edit or in what a write wrote; answered when \
+the name occurs whole.
 - **errors**: the first line reporting a failure (error, failed, cannot, not found, …, not `0 \
 errors`) of each result of a tool that ran something (not a file read), cut to 60 characters.
 - **constraints**: each sentence of the user's own words (client injections removed) that binds \
@@ -108,8 +108,6 @@ static DECLARED: LazyLock<Regex> = LazyLock::new(|| {
     )
     .unwrap()
 });
-static CODE_NAME: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r"[A-Za-z_][A-Za-z0-9_]{3,}").unwrap());
 static DECISION: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(
         r"(?i)\b(i'll|i will|we'll|we will|i'm going to|i am going to|decided|instead|the fix is|the plan is)\b",
@@ -208,42 +206,21 @@ pub fn draw(span: &[(Role, MessageView)]) -> Vec<Probe> {
     probes
 }
 
-/// Names an edit or write defined, or brought in on its new side.
+/// Names an edit or a write defined or edited: those after a declaration keyword on either
+/// side of it (what an edit replaced is a symbol it edited).
 fn introduced_names(args: &Value) -> Vec<String> {
     let Value::Object(map) = args else {
         return Vec::new();
     };
-    let mut old = String::new();
-    let mut new = String::new();
+    let mut names: Vec<String> = Vec::new();
     for (key, value) in map {
         let Some(text) = value.as_str() else { continue };
         if files::is_path_key(key) {
             continue;
         }
-        if key.to_ascii_lowercase().starts_with("old") {
-            old.push_str(text);
-            old.push('\n');
-        } else {
-            new.push_str(text);
-            new.push('\n');
-        }
-    }
-    let old_names: BTreeSet<&str> = CODE_NAME.find_iter(&old).map(|m| m.as_str()).collect();
-    let mut names: Vec<String> = Vec::new();
-    for m in DECLARED.captures_iter(&new) {
-        let name = &m[1];
-        if !old_names.contains(name) && !names.iter().any(|n| n == name) {
-            names.push(name.to_string());
-        }
-    }
-    // An edit's new side: its code-like names the old side lacks.
-    if !old.is_empty() {
-        for m in CODE_NAME.find_iter(&new) {
-            let name = m.as_str();
-            if looks_like_code_name(name)
-                && !old_names.contains(name)
-                && !names.iter().any(|n| n == name)
-            {
+        for m in DECLARED.captures_iter(text) {
+            let name = &m[1];
+            if !names.iter().any(|n| n == name) {
                 names.push(name.to_string());
             }
         }
@@ -251,24 +228,18 @@ fn introduced_names(args: &Value) -> Vec<String> {
     names
 }
 
-fn looks_like_code_name(name: &str) -> bool {
-    let inner_capital = name
-        .as_bytes()
-        .windows(2)
-        .any(|w| w[0].is_ascii_lowercase() && w[1].is_ascii_uppercase());
-    let snake =
-        name.trim_start_matches('_').contains('_') && name.chars().any(|c| c.is_ascii_lowercase());
-    inner_capital || snake
-}
-
-/// `text` on one line, cut to `chars` characters (no ellipsis: an answer is a prefix).
+/// `text` on one line, cut to `chars` characters at a word's end (no ellipsis: an answer is a
+/// prefix, and a word cut in two would not match the whole one).
 fn cut(text: &str, chars: usize) -> String {
     let line = text.split_whitespace().collect::<Vec<_>>().join(" ");
-    line.chars()
-        .take(chars)
-        .collect::<String>()
-        .trim()
-        .to_string()
+    if line.chars().count() <= chars {
+        return line;
+    }
+    let head: String = line.chars().take(chars).collect();
+    match head.rfind(' ') {
+        Some(at) if at > chars / 2 => head[..at].to_string(),
+        _ => head,
+    }
 }
 
 /// A request's text prepared for probing: lowercased, whitespace collapsed, and the stems of

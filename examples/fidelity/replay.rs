@@ -57,6 +57,8 @@ pub struct Replay {
     pub original_tokens: u64,
     /// Tokens forwarded and tokens of the history, summed over the compaction points.
     pub point_tokens: (u64, u64),
+    /// The summary message of the last request, for reading.
+    pub last_summary: String,
 }
 
 /// Replays `body` (a chat request with the whole conversation) at `window` tokens.
@@ -65,7 +67,8 @@ pub async fn replay(body: &Value, window: u64) -> Result<Replay, String> {
         .as_array()
         .ok_or("the conversation has no messages")?
         .clone();
-    let engine = engine(window);
+    let model = body["model"].as_str().unwrap_or_default();
+    let engine = engine(model, window);
     let context = RequestContext {
         tenant: identity::tenant("Bearer fidelity"),
         ..RequestContext::default()
@@ -120,6 +123,12 @@ pub async fn replay(body: &Value, window: u64) -> Result<Replay, String> {
         last_sent = prepared.body;
     }
     let sent = parse_sent(&last_sent)?;
+    out.last_summary = sent
+        .messages
+        .iter()
+        .map(|m| m.view().text.clone())
+        .find(|t| t.starts_with(SUMMARY_PREAMBLE))
+        .unwrap_or_default();
     out.last_tokens = meter.measure(&sent).total();
     out.original_tokens = meter.measure(&full).total();
     out.last = Tally::score(&all, &haystack(&sent));
@@ -130,7 +139,7 @@ pub async fn replay(body: &Value, window: u64) -> Result<Replay, String> {
 
 /// The engine at `window`, with the memory store, real time and no ahead-of-time summaries (a
 /// replay sends the next request at once).
-fn engine(window: u64) -> Arc<Engine> {
+fn engine(model: &str, window: u64) -> Arc<Engine> {
     let config = CompactionConfig {
         ahead_of_time: false,
         max_summary_chunks: 10_000,
@@ -143,7 +152,8 @@ fn engine(window: u64) -> Arc<Engine> {
     let parts = Parts {
         store: Arc::new(MemoryStore::default()) as Arc<dyn CheckpointStore>,
         meter: Meter::new(100_000),
-        windows: WindowTable::new(&BTreeMap::new(), window),
+        // The model's window as configured: a known model's own window would win over a default.
+        windows: WindowTable::new(&BTreeMap::from([(model.to_string(), window)]), window),
         summary_writer: Arc::new(Blank),
         metrics: Arc::new(Metrics::default()),
     };

@@ -145,7 +145,8 @@ fn looks_like_path(s: &str) -> bool {
         && (s.contains('/') || s.contains('.') || s.contains('\\'))
 }
 
-fn paths_in(args: &Value) -> Vec<String> {
+/// The paths a tool call's arguments name.
+pub fn paths_in(args: &Value) -> Vec<String> {
     let mut found = Vec::new();
     for key in PATH_KEYS {
         if let Some(s) = args.get(*key).and_then(|v| v.as_str()) {

@@ -16,38 +16,32 @@
 //! large item never pushes out a small one, and a constraint, once set, stays. What a client
 //! injects into user messages is taken out before they are read ([`user_words::own_words`]).
 
-use std::collections::{BTreeSet, HashMap};
-use std::sync::LazyLock;
-
-use regex::Regex;
-use serde_json::Value;
-
 use crate::dialect::{MessageView, Role};
 use crate::tokenizer::Encoding;
 
-use super::files;
 use super::user_words::{self, one_line};
 
 /// The heading the record starts under; everything above it is the model's text.
 pub const HEADING: &str = "## Record (copied from the conversation)";
 
+mod index;
+
+pub use index::{declared_names, error_lines, shell_command, Index};
+
 const CONSTRAINTS: usize = 0;
 const REQUESTS: usize = 1;
 const NOTE: usize = 2;
-const COMMANDS: usize = 3;
-const ERRORS: usize = 4;
-const NAMES: usize = 5;
+const INDEX: usize = 3;
 /// Section titles, and each one's share of the budget in percent (what one leaves unused goes
 /// to the next).
-pub const SECTIONS: [(&str, u64); 6] = [
-    // First, so that what the few constraints of most conversations leave goes to the requests.
-    ("### User constraints, oldest first", 40),
+pub const SECTIONS: [(&str, u64); 4] = [
+    // First, so that what the few constraints of most conversations leave goes on.
+    ("### User constraints, oldest first", 30),
     ("### User requests, newest first", 25),
     // The assistant's newest words usually state where the work stands and what comes next.
-    ("### Last assistant message", 12),
-    ("### Commands run, newest first", 10),
-    ("### Errors seen, newest first", 5),
-    ("### Names in edits", 8),
+    ("### Last assistant message", 8),
+    // The exact names later turns ask for: many, and each a few tokens.
+    ("### Identifier index, most used first", 37),
 ];
 
 /// Longest user request copied whole, in characters; a longer one is shortened to its first
@@ -57,40 +51,22 @@ const REQUEST_CHARS: usize = 400;
 /// this, then [`SHORTEST_CHARS`].
 const SHORT_CHARS: usize = 200;
 const SHORTEST_CHARS: usize = 80;
-/// What a command or an error line is cut to when its section is over its share.
-const CUT_LINE_CHARS: usize = 120;
-/// Longest command or error line copied, in characters.
-const LINE_CHARS: usize = 200;
-/// Error lines taken from one tool result.
-const ERRORS_PER_RESULT: usize = 2;
-
-static ERROR_LINE: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"(?i)\b(error|errors|failed|failure|fatal|exception|traceback|panicked|cannot|could not|not found|denied|undefined)\b")
-        .unwrap()
-});
-static NO_ERRORS: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r"(?i)\b(0|no|zero) (errors?|failures?|failed)\b").unwrap());
-static IDENTIFIER: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r"[A-Za-z_][A-Za-z0-9_]{3,}").unwrap());
 
 /// Items of each section, most worth keeping first: constraints oldest first, the others
 /// newest first.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct Record {
-    sections: [Vec<String>; 6],
+    sections: [Vec<String>; 3],
+    index: Index,
 }
 
 impl Record {
     /// The record of `span`: its elements' roles and views, in order.
     pub fn collect(span: &[(Role, MessageView)]) -> Record {
-        let mut record = Record::default();
-        let mut calls: HashMap<&str, (&str, Value)> = HashMap::new();
-        for (_, view) in span {
-            for call in &view.tool_calls {
-                let args = serde_json::from_str(&call.arguments).unwrap_or(Value::Null);
-                calls.insert(call.id.as_str(), (call.name.as_str(), args));
-            }
-        }
+        let mut record = Record {
+            index: Index::collect(span),
+            ..Record::default()
+        };
         // Constraints oldest first: a rule set early is the one later turns lose.
         let own_words: Vec<Option<String>> = span
             .iter()
@@ -119,30 +95,7 @@ impl Record {
                 {
                     record.push(NOTE, one_line(&view.text, usize::MAX));
                 }
-                Role::Tool => {
-                    let call = view.tool_call_id.as_deref().and_then(|id| calls.get(id));
-                    // Files read may hold the word "error" anywhere; only what ran can fail.
-                    if call.is_some_and(|(name, args)| files::reads(name, args)) {
-                        continue;
-                    }
-                    for line in error_lines(&view.text).take(ERRORS_PER_RESULT) {
-                        record.push(ERRORS, one_line(line, LINE_CHARS));
-                    }
-                }
                 _ => {}
-            }
-            for call in view.tool_calls.iter().rev() {
-                let Some((name, args)) = calls.get(call.id.as_str()) else {
-                    continue;
-                };
-                if let Some(command) = shell_command(name, args) {
-                    record.push(COMMANDS, one_line(&command, LINE_CHARS));
-                }
-                if files::modifies(name, args) {
-                    for name in written_names(args) {
-                        record.push(NAMES, name);
-                    }
-                }
             }
         }
         record
@@ -152,19 +105,19 @@ impl Record {
     pub fn parse(text: &str) -> Record {
         let mut record = Record::default();
         let mut section = None;
+        let mut index_lines = Vec::new();
         for line in text.lines() {
             if let Some(i) = SECTIONS.iter().position(|(title, _)| line.trim() == *title) {
                 section = Some(i);
             } else if let (Some(i), Some(item)) = (section, line.strip_prefix("- ")) {
-                if i == NAMES {
-                    for name in item.split(", ") {
-                        record.push(i, name.to_string());
-                    }
+                if i == INDEX {
+                    index_lines.push(item);
                 } else {
                     record.push(i, item.to_string());
                 }
             }
         }
+        record.index = Index::parse(index_lines);
         record
     }
 
@@ -191,6 +144,7 @@ impl Record {
     /// before the newer, the newer items of every other section before the older.
     pub fn then(mut self, older: Record) -> Record {
         let newer_constraints = std::mem::take(&mut self.sections[CONSTRAINTS]);
+        self.index = std::mem::take(&mut self.index).then(older.index);
         for (section, items) in older.sections.into_iter().enumerate() {
             for item in items {
                 self.push(section, item);
@@ -250,7 +204,11 @@ impl Record {
         let mut left_over = extra;
         let weight = |section: usize| {
             let share = SECTIONS[section].1;
-            if self.sections[section].is_empty() {
+            let empty = match section {
+                INDEX => self.index.is_empty(),
+                _ => self.sections[section].is_empty(),
+            };
+            if empty {
                 0
             } else {
                 share
@@ -266,6 +224,8 @@ impl Record {
             let title_cost = encoding.count(title) + 2;
             let (kept, used) = if section == NOTE {
                 fit_note(&self.sections[section], encoding, allowance, title_cost)
+            } else if section == INDEX {
+                self.index.fit(encoding, allowance, title_cost)
             } else {
                 fit(
                     &self.sections[section],
@@ -282,12 +242,8 @@ impl Record {
             left_over += allowance - used;
             body.push_str(title);
             body.push('\n');
-            if section == NAMES {
-                body.push_str(&format!("- {}\n", kept.join(", ")));
-            } else {
-                kept.iter()
-                    .for_each(|item| body.push_str(&format!("- {item}\n")));
-            }
+            kept.iter()
+                .for_each(|item| body.push_str(&format!("- {item}\n")));
             body.push('\n');
         }
         (body, left_over)
@@ -400,7 +356,6 @@ fn shorter(section: usize, level: usize, item: &str) -> Option<String> {
     match (section, level) {
         (CONSTRAINTS | REQUESTS, 0) => Some(user_words::shorten(item, SHORT_CHARS)),
         (CONSTRAINTS | REQUESTS, 1) => Some(user_words::shorten(item, SHORTEST_CHARS)),
-        (COMMANDS | ERRORS, 0) => Some(one_line(item, CUT_LINE_CHARS)),
         _ => None,
     }
 }
@@ -454,63 +409,6 @@ fn normalized(text: &str) -> String {
         .filter(|w| !w.is_empty())
         .collect::<Vec<_>>()
         .join(" ")
-}
-
-/// The shell command a tool call ran, if it ran one.
-pub fn shell_command(tool: &str, args: &Value) -> Option<String> {
-    let command = args.get("command").or_else(|| args.get("cmd"))?;
-    let command = match command {
-        Value::String(s) => s.clone(),
-        Value::Array(parts) => {
-            let parts: Vec<&str> = parts.iter().filter_map(Value::as_str).collect();
-            parts.join(" ")
-        }
-        _ => return None,
-    };
-    // Editor tools take one-word sub-commands (`view`, `str_replace`): not shell commands.
-    let shell_tool = ["bash", "shell", "exec", "run", "terminal", "command"]
-        .iter()
-        .any(|t| tool.to_ascii_lowercase().contains(t));
-    (shell_tool || command.trim().contains(char::is_whitespace)).then_some(command)
-}
-
-/// The lines of a tool's output that report a failure, in order (`0 errors` is none).
-pub fn error_lines(output: &str) -> impl Iterator<Item = &str> {
-    output
-        .lines()
-        .filter(|l| ERROR_LINE.is_match(l) && !NO_ERRORS.is_match(l))
-}
-
-/// Code-like names (`camelCase`, `PascalCase`, `snake_case`) in what an edit wrote, in order.
-fn written_names(args: &Value) -> Vec<String> {
-    let mut texts = Vec::new();
-    if let Value::Object(map) = args {
-        for (key, value) in map {
-            let old_side = key.to_ascii_lowercase().starts_with("old");
-            if let (false, Some(text)) = (old_side || files::is_path_key(key), value.as_str()) {
-                texts.push(text);
-            }
-        }
-    }
-    let mut seen = BTreeSet::new();
-    texts
-        .iter()
-        .flat_map(|t| IDENTIFIER.find_iter(t))
-        .map(|m| m.as_str())
-        .filter(|name| looks_like_code_name(name) && seen.insert(name.to_string()))
-        .map(str::to_string)
-        .collect()
-}
-
-fn looks_like_code_name(name: &str) -> bool {
-    let inner_capital = name
-        .as_bytes()
-        .windows(2)
-        .any(|w| w[0].is_ascii_lowercase() && w[1].is_ascii_uppercase());
-    let snake =
-        name.trim_start_matches('_').contains('_') && name.chars().any(|c| c.is_ascii_lowercase());
-    let private = name.starts_with('_') && name.len() > 4;
-    inner_capital || snake || private
 }
 
 #[cfg(test)]

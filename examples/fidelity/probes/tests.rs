@@ -41,8 +41,8 @@ fn draws_each_category_from_the_span() {
     assert_eq!(answers(&probes, Category::Commands), ["npm run check"]);
     assert_eq!(
         answers(&probes, Category::Identifiers),
-        ["reconnectAgent", "agentSession"],
-        "defined and introduced; the old side's name is not"
+        ["reconnectAgent"],
+        "declared; a name merely used is not"
     );
     assert_eq!(
         answers(&probes, Category::Errors),
@@ -87,6 +87,6 @@ fn tally_counts_per_category() {
     let tally = Tally::score(&probes, &Haystack::new("src/a.ts src/b.ts npm run check"));
     assert_eq!(tally.get(Category::Paths), (2, 2));
     assert_eq!(tally.get(Category::Commands), (1, 1));
-    assert_eq!(tally.get(Category::Identifiers), (0, 2));
+    assert_eq!(tally.get(Category::Identifiers), (0, 1));
     assert_eq!(tally.all().1, probes.len());
 }

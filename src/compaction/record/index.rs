@@ -1,0 +1,450 @@
+//! The identifier index: the exact names later turns refer to, taken from the tool calls and
+//! messages by code. Files edited or written with the symbols each edit defined or changed,
+//! commands with their outcome (an exit code or the first error line), error lines of other
+//! tools, URLs, versions and config keys. Ranked by use (an entry met again counts once more,
+//! also across compactions) and recency (what the newest span met ranks above an older entry
+//! of the same use); rendered one line each and parsed back from the previous summary, so it is
+//! carried from summary to summary like the record's other sections.
+
+use std::collections::HashMap;
+use std::sync::LazyLock;
+
+use regex::Regex;
+use serde_json::Value;
+
+use crate::dialect::{MessageView, Role};
+use crate::tokenizer::Encoding;
+
+use super::super::files;
+use super::super::user_words::one_line;
+
+/// What an entry names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// A file an edit changed; its detail lists the symbols edited there.
+    Edited,
+    /// A file written whole; its detail lists the symbols it defines.
+    Wrote,
+    /// A shell command; its detail is its outcome.
+    Command,
+    /// An error line of a tool that is not a shell command.
+    Error,
+    Url,
+    Version,
+    /// A key an edit or write set in a config file; its detail is the file.
+    ConfigKey,
+}
+
+/// How each kind opens its line.
+const PREFIXES: [(Kind, &str); 7] = [
+    (Kind::Edited, "edited "),
+    (Kind::Wrote, "wrote "),
+    (Kind::Command, "$ "),
+    (Kind::Error, "error: "),
+    (Kind::Url, "url: "),
+    (Kind::Version, "version: "),
+    (Kind::ConfigKey, "key: "),
+];
+
+/// Longest command kept, in characters (its first line): the program and what it was asked
+/// come first; a heredoc's body is not worth its tokens every turn.
+const COMMAND_CHARS: usize = 100;
+/// What a command is cut to when the index is over its share.
+const SHORT_COMMAND_CHARS: usize = 64;
+/// Longest outcome or error line kept, in characters.
+const OUTCOME_CHARS: usize = 90;
+/// What an outcome or error line is cut to when the index is over its share.
+const SHORT_OUTCOME_CHARS: usize = 64;
+/// Symbols listed for one file once the index is over its share.
+const SHORT_SYMBOLS: usize = 4;
+
+static ERROR_LINE: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"(?i)\b(error|errors|failed|failure|fatal|exception|traceback|panicked|cannot|could not|not found|denied|undefined)\b")
+        .unwrap()
+});
+static NO_ERRORS: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"(?i)\b(0|no|zero) (errors?|failures?|failed)\b").unwrap());
+static EXIT_CODE: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(
+        r"(?i)\b(?:exit(?:ed)?(?: with)?(?: code| status)?|exit_code|exit code)[\s:=]+(-?\d+)",
+    )
+    .unwrap()
+});
+static DECLARED: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(
+        r"\b(?:fn|function|class|const|let|var|def|interface|type|struct|enum|trait|impl|mod|static)\s+([A-Za-z_][A-Za-z0-9_]{2,})",
+    )
+    .unwrap()
+});
+static URL: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r#"https?://[^\s<>"'`)\]]+[^\s<>"'`)\].,;:]"#).unwrap());
+static VERSION: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"\bv?\d+\.\d+\.\d+(?:-[0-9A-Za-z.]+)?\b").unwrap());
+static CONFIG_KEY: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r#"(?m)^\s*"?([A-Za-z_][A-Za-z0-9_.-]{2,})"?\s*[:=]"#).unwrap());
+const CONFIG_FILES: &[&str] = &[".toml", ".json", ".yaml", ".yml", ".ini", ".env", ".cfg"];
+
+/// One name and what the conversation did with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    pub kind: Kind,
+    pub name: String,
+    /// The outcome of a command, the symbols of a file, the file of a config key; may be empty.
+    pub detail: String,
+    /// How many times the conversation met it, across compactions.
+    pub uses: u32,
+}
+
+impl Entry {
+    fn line(&self, command_chars: usize, outcome_chars: usize, symbols: usize) -> String {
+        let prefix = PREFIXES.iter().find(|(k, _)| *k == self.kind).unwrap().1;
+        let name = match self.kind {
+            Kind::Command => one_line(&self.name, command_chars),
+            Kind::Error => one_line(&self.name, outcome_chars),
+            _ => self.name.clone(),
+        };
+        let mut line = format!("{prefix}{name}");
+        if self.uses > 1 {
+            line.push_str(&format!(" ×{}", self.uses));
+        }
+        let detail = match self.kind {
+            Kind::Edited | Kind::Wrote => {
+                let all: Vec<&str> = self.detail.split(", ").filter(|s| !s.is_empty()).collect();
+                let mut kept = all[..all.len().min(symbols)].join(", ");
+                if all.len() > symbols {
+                    kept.push_str(", …");
+                }
+                kept
+            }
+            Kind::Command => one_line(&self.detail, outcome_chars),
+            _ => self.detail.clone(),
+        };
+        if !detail.is_empty() {
+            let joint = match self.kind {
+                Kind::Command => " → ",
+                Kind::ConfigKey => " in ",
+                _ => ": ",
+            };
+            line.push_str(joint);
+            line.push_str(&detail);
+        }
+        line
+    }
+
+    /// The entry a rendered line stands for.
+    fn parse(line: &str) -> Option<Entry> {
+        let (kind, rest) = PREFIXES
+            .iter()
+            .find_map(|(kind, prefix)| line.strip_prefix(prefix).map(|rest| (*kind, rest)))?;
+        let joint = match kind {
+            Kind::Command => " → ",
+            Kind::ConfigKey => " in ",
+            Kind::Edited | Kind::Wrote => ": ",
+            _ => "\u{0}",
+        };
+        let (head, detail) = rest.split_once(joint).unwrap_or((rest, ""));
+        let (name, uses) = match head.rsplit_once(" ×") {
+            Some((name, n)) if n.parse::<u32>().is_ok() => (name, n.parse().unwrap()),
+            _ => (head, 1),
+        };
+        let detail = detail.trim_end_matches(", …").to_string();
+        Some(Entry {
+            kind,
+            name: name.to_string(),
+            detail,
+            uses,
+        })
+    }
+}
+
+/// The entries, most worth keeping first.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Index {
+    pub entries: Vec<Entry>,
+}
+
+impl Index {
+    /// The index of `span` (its elements' roles and views), ranked.
+    pub fn collect(span: &[(Role, MessageView)]) -> Index {
+        let mut index = Index::default();
+        let mut calls: HashMap<&str, (&str, Value)> = HashMap::new();
+        for (_, view) in span {
+            for call in &view.tool_calls {
+                let args = serde_json::from_str(&call.arguments).unwrap_or(Value::Null);
+                calls.insert(call.id.as_str(), (call.name.as_str(), args));
+            }
+        }
+        // Outcomes by tool call: read from the results, attached to the commands.
+        let mut outcomes: HashMap<&str, String> = HashMap::new();
+        for (role, view) in span {
+            match role {
+                Role::Tool => {
+                    let Some(id) = view.tool_call_id.as_deref() else {
+                        continue;
+                    };
+                    let Some((name, args)) = calls.get(id) else {
+                        continue;
+                    };
+                    if files::reads(name, args) {
+                        continue;
+                    }
+                    let first_error = error_lines(&view.text).next();
+                    if shell_command(name, args).is_some() {
+                        let exit = EXIT_CODE
+                            .captures(&view.text)
+                            .map(|c| format!("exit {}", &c[1]));
+                        let outcome = match (exit, first_error) {
+                            (Some(exit), Some(line)) if exit != "exit 0" => {
+                                format!("{exit}: {}", one_line(line, OUTCOME_CHARS))
+                            }
+                            (Some(exit), _) => exit,
+                            (None, Some(line)) => one_line(line, OUTCOME_CHARS),
+                            (None, None) => String::new(),
+                        };
+                        outcomes.insert(id, outcome);
+                    } else if let Some(line) = first_error {
+                        index.add(Kind::Error, one_line(line, OUTCOME_CHARS), String::new());
+                    }
+                }
+                Role::User | Role::Assistant if !view.text.contains("<summary>") => {
+                    for url in URL.find_iter(&view.text) {
+                        index.add(Kind::Url, url.as_str().to_string(), String::new());
+                    }
+                    for version in VERSION.find_iter(&view.text) {
+                        index.add(Kind::Version, version.as_str().to_string(), String::new());
+                    }
+                }
+                _ => {}
+            }
+        }
+        for (_, view) in span {
+            for call in &view.tool_calls {
+                let Some((name, args)) = calls.get(call.id.as_str()) else {
+                    continue;
+                };
+                if let Some(command) = shell_command(name, args) {
+                    let first = command.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
+                    let outcome = outcomes.get(call.id.as_str()).cloned().unwrap_or_default();
+                    index.add(Kind::Command, one_line(first, COMMAND_CHARS), outcome);
+                }
+                if files::modifies(name, args) {
+                    let whole = !args.as_object().is_some_and(|m| {
+                        m.keys().any(|k| k.to_ascii_lowercase().starts_with("old"))
+                    });
+                    let kind = if whole { Kind::Wrote } else { Kind::Edited };
+                    for path in files::paths_in(args) {
+                        index.add(kind, path.clone(), declared_names(args).join(", "));
+                        if CONFIG_FILES.iter().any(|ext| path.ends_with(ext)) {
+                            for key in config_keys(args) {
+                                index.add(Kind::ConfigKey, key, path.clone());
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        // Newest first among equals: the span was read oldest first.
+        index.entries.reverse();
+        index.rank();
+        index
+    }
+
+    /// Counts `name` once more, or adds it: a command's newest outcome wins; a file's symbols
+    /// gather, the newest first.
+    fn add(&mut self, kind: Kind, name: String, detail: String) {
+        if name.trim().is_empty() {
+            return;
+        }
+        match self
+            .entries
+            .iter_mut()
+            .find(|e| e.kind == kind && e.name == name)
+        {
+            Some(entry) => {
+                // A name repeated within one span (a config file rewritten, a URL quoted
+                // again) is one use; what ran or was edited again is another.
+                if matches!(
+                    kind,
+                    Kind::Command | Kind::Edited | Kind::Wrote | Kind::Error
+                ) {
+                    entry.uses += 1;
+                }
+                entry.detail = merge_detail(kind, &detail, &entry.detail);
+            }
+            None => self.entries.push(Entry {
+                kind,
+                name,
+                detail,
+                uses: 1,
+            }),
+        }
+    }
+
+    /// Most used first; of equal use, the order they came in (newest first).
+    fn rank(&mut self) {
+        self.entries.sort_by_key(|e| std::cmp::Reverse(e.uses));
+    }
+
+    /// The index as [`Index::lines`] wrote it, one entry a line (without the `- `).
+    pub fn parse<'a>(lines: impl IntoIterator<Item = &'a str>) -> Index {
+        Index {
+            entries: lines.into_iter().filter_map(Entry::parse).collect(),
+        }
+    }
+
+    /// This (newer) index merged with an older one: an entry of both counts the uses of both,
+    /// with the newer detail first; then ranked, the newer first among equals. Recency counts
+    /// as one use: an entry of the newest span ranks above an older one used as often.
+    pub fn then(self, older: Index) -> Index {
+        let mut merged: Vec<(Entry, bool)> = self.entries.into_iter().map(|e| (e, true)).collect();
+        for entry in older.entries {
+            match merged
+                .iter_mut()
+                .find(|(e, _)| e.kind == entry.kind && e.name == entry.name)
+            {
+                Some((newer, _)) => {
+                    newer.uses += entry.uses;
+                    newer.detail = merge_detail(entry.kind, &newer.detail, &entry.detail);
+                }
+                None => merged.push((entry, false)),
+            }
+        }
+        merged.sort_by_key(|(e, fresh)| std::cmp::Reverse(e.uses + u32::from(*fresh)));
+        Index {
+            entries: merged.into_iter().map(|(e, _)| e).collect(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The entries' lines that fit in `allowance` tokens besides `title_cost`, and the tokens
+    /// they take: all whole when they fit; else the longest shortened first (commands and
+    /// outcomes cut, a file's symbols to its first few) until they fit; else, all shortened,
+    /// the least ranked left out until they fit.
+    pub fn fit(&self, encoding: Encoding, allowance: u64, title_cost: u64) -> (Vec<String>, u64) {
+        let cost = |line: &str| encoding.count(line) + 2;
+        let full = |e: &Entry| e.line(COMMAND_CHARS, OUTCOME_CHARS, usize::MAX);
+        let short = |e: &Entry| e.line(SHORT_COMMAND_CHARS, SHORT_OUTCOME_CHARS, SHORT_SYMBOLS);
+        let mut kept: Vec<(String, u64)> = self
+            .entries
+            .iter()
+            .map(|e| {
+                let line = full(e);
+                let c = cost(&line);
+                (line, c)
+            })
+            .collect();
+        let mut total = title_cost + kept.iter().map(|(_, c)| c).sum::<u64>();
+        let mut longest: Vec<usize> = (0..kept.len()).collect();
+        longest.sort_by_key(|&i| std::cmp::Reverse(kept[i].1));
+        for i in longest {
+            if total <= allowance {
+                break;
+            }
+            let line = short(&self.entries[i]);
+            let c = cost(&line);
+            if c < kept[i].1 {
+                total = total - kept[i].1 + c;
+                kept[i] = (line, c);
+            }
+        }
+        while total > allowance {
+            let Some((_, c)) = kept.pop() else { break };
+            total -= c;
+        }
+        (kept.into_iter().map(|(line, _)| line).collect(), total)
+    }
+}
+
+/// A detail of `kind` from a newer and an older one.
+fn merge_detail(kind: Kind, newer: &str, older: &str) -> String {
+    match kind {
+        Kind::Edited | Kind::Wrote => {
+            let mut names: Vec<&str> = Vec::new();
+            for name in newer.split(", ").chain(older.split(", ")) {
+                if !name.is_empty() && !names.contains(&name) {
+                    names.push(name);
+                }
+            }
+            names.join(", ")
+        }
+        _ if newer.is_empty() => older.to_string(),
+        _ => newer.to_string(),
+    }
+}
+
+/// The lines of a tool's output that report a failure, in order (`0 errors` is none).
+pub fn error_lines(output: &str) -> impl Iterator<Item = &str> {
+    output
+        .lines()
+        .filter(|l| ERROR_LINE.is_match(l) && !NO_ERRORS.is_match(l))
+}
+
+/// The shell command a tool call ran, if it ran one.
+pub fn shell_command(tool: &str, args: &Value) -> Option<String> {
+    let command = args.get("command").or_else(|| args.get("cmd"))?;
+    let command = match command {
+        Value::String(s) => s.clone(),
+        Value::Array(parts) => {
+            let parts: Vec<&str> = parts.iter().filter_map(Value::as_str).collect();
+            parts.join(" ")
+        }
+        _ => return None,
+    };
+    // Editor tools take one-word sub-commands (`view`, `str_replace`): not shell commands.
+    let shell_tool = ["bash", "shell", "exec", "run", "terminal", "command"]
+        .iter()
+        .any(|t| tool.to_ascii_lowercase().contains(t));
+    (shell_tool || command.trim().contains(char::is_whitespace)).then_some(command)
+}
+
+/// The names declared in what a tool call wrote or replaced (either side of an edit: what it
+/// replaced is a symbol it edited), in order, once each.
+pub fn declared_names(args: &Value) -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    for text in argument_texts(args) {
+        for m in DECLARED.captures_iter(text) {
+            let name = &m[1];
+            if !names.iter().any(|n| n == name) {
+                names.push(name.to_string());
+            }
+        }
+    }
+    names
+}
+
+/// The string arguments of a tool call that are not paths.
+fn argument_texts(args: &Value) -> Vec<&str> {
+    let Value::Object(map) = args else {
+        return Vec::new();
+    };
+    map.iter()
+        .filter(|(key, _)| !files::is_path_key(key))
+        .filter_map(|(_, value)| value.as_str())
+        .collect()
+}
+
+/// The keys set on the new side of an edit or in a write of a config file.
+fn config_keys(args: &Value) -> Vec<String> {
+    let Value::Object(map) = args else {
+        return Vec::new();
+    };
+    let mut keys: Vec<String> = Vec::new();
+    let new_side = map
+        .iter()
+        .filter(|(key, _)| !files::is_path_key(key) && !key.to_ascii_lowercase().starts_with("old"))
+        .filter_map(|(_, value)| value.as_str());
+    for text in new_side {
+        for m in CONFIG_KEY.captures_iter(text) {
+            if !keys.iter().any(|k| k == &m[1]) {
+                keys.push(m[1].to_string());
+            }
+        }
+    }
+    keys
+}
+
+#[cfg(test)]
+mod tests;
