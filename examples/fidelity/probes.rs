@@ -23,10 +23,11 @@ pub const PROBE_RULES: &str = "\
 with what was done to it; answered when the path, or its last two components, occurs.
 - **commands**: each distinct shell command a tool call ran; the answer is its first line, \
 whitespace collapsed, cut to 60 characters.
-- **identifiers**: the symbols an edit or a write defined or edited: each name after a \
-declaration keyword (`fn`, `function`, `class`, `const`, `let`, `def`, `interface`, `type`, \
-`struct`, `enum`, `trait`, …) on either side of an edit or in what a write wrote; answered when \
-the name occurs whole.
+- **identifiers**: the symbols an edit or a write of a code file (not `.md`, `.txt`) defined or \
+edited: each name after a declaration keyword (`fn`, `function`, `class`, `const`, `let`, \
+`def`, `interface`, `type`, `struct`, `enum`, `trait`, …) and before `=`, `(`, `<`, `{`, `:`, \
+`extends`, on either side of an edit or in what a write wrote (`record::declared_names`); \
+answered when the name occurs whole.
 - **errors**: the first line reporting a failure (error, failed, cannot, not found, …, not `0 \
 errors`) of each result of a tool that ran something (not a file read), cut to 60 characters.
 - **constraints**: each sentence of the user's own words (client injections removed) that binds \
@@ -102,12 +103,6 @@ impl Probe {
 /// Longest answer of a command, error or constraint probe, in characters.
 const ANSWER_CHARS: usize = 60;
 
-static DECLARED: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(
-        r"\b(?:fn|function|class|const|let|var|def|interface|type|struct|enum|trait|impl|mod|static)\s+([A-Za-z_][A-Za-z0-9_]{2,})",
-    )
-    .unwrap()
-});
 static DECISION: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(
         r"(?i)\b(i'll|i will|we'll|we will|i'm going to|i am going to|decided|instead|the fix is|the plan is)\b",
@@ -195,7 +190,7 @@ pub fn draw(span: &[(Role, MessageView)]) -> Vec<Probe> {
                 probes.push(Probe::exact(Category::Commands, cut(first, ANSWER_CHARS)));
             }
             if files::modifies(name, args) {
-                for name in introduced_names(args) {
+                for name in record::declared_names(args) {
                     probes.push(Probe::exact(Category::Identifiers, name));
                 }
             }
@@ -204,28 +199,6 @@ pub fn draw(span: &[(Role, MessageView)]) -> Vec<Probe> {
     let mut seen = BTreeSet::new();
     probes.retain(|p| !p.answer.is_empty() && seen.insert((p.category, p.answer.clone())));
     probes
-}
-
-/// Names an edit or a write defined or edited: those after a declaration keyword on either
-/// side of it (what an edit replaced is a symbol it edited).
-fn introduced_names(args: &Value) -> Vec<String> {
-    let Value::Object(map) = args else {
-        return Vec::new();
-    };
-    let mut names: Vec<String> = Vec::new();
-    for (key, value) in map {
-        let Some(text) = value.as_str() else { continue };
-        if files::is_path_key(key) {
-            continue;
-        }
-        for m in DECLARED.captures_iter(text) {
-            let name = &m[1];
-            if !names.iter().any(|n| n == name) {
-                names.push(name.to_string());
-            }
-        }
-    }
-    names
 }
 
 /// `text` on one line, cut to `chars` characters at a word's end (no ellipsis: an answer is a

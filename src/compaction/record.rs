@@ -37,11 +37,11 @@ const INDEX: usize = 3;
 pub const SECTIONS: [(&str, u64); 4] = [
     // First, so that what the few constraints of most conversations leave goes on.
     ("### User constraints, oldest first", 30),
-    ("### User requests, newest first", 25),
+    ("### User requests, newest first", 15),
     // The assistant's newest words usually state where the work stands and what comes next.
     ("### Last assistant message", 8),
     // The exact names later turns ask for: many, and each a few tokens.
-    ("### Identifier index, most used first", 37),
+    ("### Identifier index, most used first", 47),
 ];
 
 /// Longest user request copied whole, in characters; a longer one is shortened to its first

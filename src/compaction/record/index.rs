@@ -1,7 +1,7 @@
 //! The identifier index: the exact names later turns refer to, taken from the tool calls and
-//! messages by code. Files edited or written with the symbols each edit defined or changed,
-//! commands with their outcome (an exit code or the first error line), error lines of other
-//! tools, URLs, versions and config keys. Ranked by use (an entry met again counts once more,
+//! messages by code. Files edited or written with the symbols each edit defined or changed (a
+//! config file's: the keys it set), commands with their outcome (an exit code or the first error line), error lines of other
+//! tools, URLs and versions. Ranked by use (an entry met again counts once more,
 //! also across compactions) and recency (what the newest span met ranks above an older entry
 //! of the same use); rendered one line each and parsed back from the previous summary, so it is
 //! carried from summary to summary like the record's other sections.
@@ -21,7 +21,8 @@ use super::super::user_words::one_line;
 /// What an entry names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Kind {
-    /// A file an edit changed; its detail lists the symbols edited there.
+    /// A file an edit changed; its detail lists the symbols edited there (a config file's:
+    /// the keys set).
     Edited,
     /// A file written whole; its detail lists the symbols it defines.
     Wrote,
@@ -31,19 +32,16 @@ pub enum Kind {
     Error,
     Url,
     Version,
-    /// A key an edit or write set in a config file; its detail is the file.
-    ConfigKey,
 }
 
 /// How each kind opens its line.
-const PREFIXES: [(Kind, &str); 7] = [
+const PREFIXES: [(Kind, &str); 6] = [
     (Kind::Edited, "edited "),
     (Kind::Wrote, "wrote "),
     (Kind::Command, "$ "),
     (Kind::Error, "error: "),
     (Kind::Url, "url: "),
     (Kind::Version, "version: "),
-    (Kind::ConfigKey, "key: "),
 ];
 
 /// Longest command kept, in characters (its first line): the program and what it was asked
@@ -56,7 +54,7 @@ const OUTCOME_CHARS: usize = 90;
 /// What an outcome or error line is cut to when the index is over its share.
 const SHORT_OUTCOME_CHARS: usize = 64;
 /// Symbols listed for one file once the index is over its share.
-const SHORT_SYMBOLS: usize = 4;
+const SHORT_SYMBOLS: usize = 8;
 
 static ERROR_LINE: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"(?i)\b(error|errors|failed|failure|fatal|exception|traceback|panicked|cannot|could not|not found|denied|undefined)\b")
@@ -72,7 +70,7 @@ static EXIT_CODE: LazyLock<Regex> = LazyLock::new(|| {
 });
 static DECLARED: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(
-        r"\b(?:fn|function|class|const|let|var|def|interface|type|struct|enum|trait|impl|mod|static)\s+([A-Za-z_][A-Za-z0-9_]{2,})",
+        r"\b(?:fn|function|class|const|let|var|def|interface|type|struct|enum|trait|mod|static)\s+([A-Za-z_][A-Za-z0-9_]{2,})\s*(?:[=(<{:;,]|extends\b|implements\b)",
     )
     .unwrap()
 });
@@ -82,6 +80,7 @@ static VERSION: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r"\bv?\d+\.\d+\.\d+(?:-[0-9A-Za-z.]+)?\b").unwrap());
 static CONFIG_KEY: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r#"(?m)^\s*"?([A-Za-z_][A-Za-z0-9_.-]{2,})"?\s*[:=]"#).unwrap());
+const PROSE_FILES: &[&str] = &[".md", ".txt", ".rst", ".adoc"];
 const CONFIG_FILES: &[&str] = &[".toml", ".json", ".yaml", ".yml", ".ini", ".env", ".cfg"];
 
 /// One name and what the conversation did with it.
@@ -122,7 +121,6 @@ impl Entry {
         if !detail.is_empty() {
             let joint = match self.kind {
                 Kind::Command => " → ",
-                Kind::ConfigKey => " in ",
                 _ => ": ",
             };
             line.push_str(joint);
@@ -138,7 +136,6 @@ impl Entry {
             .find_map(|(kind, prefix)| line.strip_prefix(prefix).map(|rest| (*kind, rest)))?;
         let joint = match kind {
             Kind::Command => " → ",
-            Kind::ConfigKey => " in ",
             Kind::Edited | Kind::Wrote => ": ",
             _ => "\u{0}",
         };
@@ -233,12 +230,13 @@ impl Index {
                     });
                     let kind = if whole { Kind::Wrote } else { Kind::Edited };
                     for path in files::paths_in(args) {
-                        index.add(kind, path.clone(), declared_names(args).join(", "));
-                        if CONFIG_FILES.iter().any(|ext| path.ends_with(ext)) {
-                            for key in config_keys(args) {
-                                index.add(Kind::ConfigKey, key, path.clone());
-                            }
-                        }
+                        // A config file's symbols are the keys it sets.
+                        let names = if CONFIG_FILES.iter().any(|ext| path.ends_with(ext)) {
+                            config_keys(args)
+                        } else {
+                            declared_names(args)
+                        };
+                        index.add(kind, path, names.join(", "));
                     }
                 }
             }
@@ -320,41 +318,53 @@ impl Index {
     }
 
     /// The entries' lines that fit in `allowance` tokens besides `title_cost`, and the tokens
-    /// they take: all whole when they fit; else the longest shortened first (commands and
-    /// outcomes cut, a file's symbols to its first few) until they fit; else, all shortened,
-    /// the least ranked left out until they fit.
+    /// they take: all whole when they fit; else commands and outcomes cut, the longest first;
+    /// else the least ranked commands, errors, URLs and versions left out; else the files'
+    /// symbol lists cut to their newest few, the longest first; else the least ranked files
+    /// left out. A file's symbols go last because a name costs a few tokens where a command
+    /// costs tens, and the names are what later turns ask for most.
     pub fn fit(&self, encoding: Encoding, allowance: u64, title_cost: u64) -> (Vec<String>, u64) {
         let cost = |line: &str| encoding.count(line) + 2;
-        let full = |e: &Entry| e.line(COMMAND_CHARS, OUTCOME_CHARS, usize::MAX);
-        let short = |e: &Entry| e.line(SHORT_COMMAND_CHARS, SHORT_OUTCOME_CHARS, SHORT_SYMBOLS);
-        let mut kept: Vec<(String, u64)> = self
+        let mut kept: Vec<Option<(String, u64)>> = self
             .entries
             .iter()
             .map(|e| {
-                let line = full(e);
+                let line = e.line(COMMAND_CHARS, OUTCOME_CHARS, usize::MAX);
                 let c = cost(&line);
-                (line, c)
+                Some((line, c))
             })
             .collect();
-        let mut total = title_cost + kept.iter().map(|(_, c)| c).sum::<u64>();
-        let mut longest: Vec<usize> = (0..kept.len()).collect();
-        longest.sort_by_key(|&i| std::cmp::Reverse(kept[i].1));
-        for i in longest {
-            if total <= allowance {
-                break;
+        let mut total = title_cost + kept.iter().flatten().map(|(_, c)| c).sum::<u64>();
+        let is_file = |e: &Entry| matches!(e.kind, Kind::Edited | Kind::Wrote);
+        let steps: [(usize, bool); 2] = [(usize::MAX, false), (SHORT_SYMBOLS, true)];
+        for (symbols, files_too) in steps {
+            let mut longest: Vec<usize> = (0..kept.len()).collect();
+            longest.sort_by_key(|&i| std::cmp::Reverse(kept[i].as_ref().map_or(0, |k| k.1)));
+            for i in longest {
+                if total <= allowance {
+                    break;
+                }
+                let Some((_, old)) = kept[i] else { continue };
+                let line = self.entries[i].line(SHORT_COMMAND_CHARS, SHORT_OUTCOME_CHARS, symbols);
+                let c = cost(&line);
+                if c < old {
+                    total = total - old + c;
+                    kept[i] = Some((line, c));
+                }
             }
-            let line = short(&self.entries[i]);
-            let c = cost(&line);
-            if c < kept[i].1 {
-                total = total - kept[i].1 + c;
-                kept[i] = (line, c);
+            for i in (0..kept.len()).rev() {
+                if total <= allowance {
+                    break;
+                }
+                if files_too || !is_file(&self.entries[i]) {
+                    if let Some((_, c)) = kept[i].take() {
+                        total -= c;
+                    }
+                }
             }
         }
-        while total > allowance {
-            let Some((_, c)) = kept.pop() else { break };
-            total -= c;
-        }
-        (kept.into_iter().map(|(line, _)| line).collect(), total)
+        let lines = kept.into_iter().flatten().map(|(line, _)| line).collect();
+        (lines, total)
     }
 }
 
@@ -404,6 +414,15 @@ pub fn shell_command(tool: &str, args: &Value) -> Option<String> {
 /// replaced is a symbol it edited), in order, once each.
 pub fn declared_names(args: &Value) -> Vec<String> {
     let mut names: Vec<String> = Vec::new();
+    // Prose says "the type of …" and "a class that …": only code declares.
+    let paths = files::paths_in(args);
+    if !paths.is_empty()
+        && paths
+            .iter()
+            .all(|p| PROSE_FILES.iter().any(|ext| p.ends_with(ext)))
+    {
+        return names;
+    }
     for text in argument_texts(args) {
         for m in DECLARED.captures_iter(text) {
             let name = &m[1];
