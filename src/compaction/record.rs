@@ -1,9 +1,9 @@
 //! The record: the part of a summary no model writes. The user's constraints (oldest first),
-//! the span's user requests, the commands its tools ran, the error lines those commands printed
-//! and the names its edits wrote are copied from the messages themselves (newest first), within
-//! a token budget, and carried into the next summary of the same conversation. A small
-//! summarizer may drop or garble them; the record cannot. Pure: the engine appends it after the
-//! model's text.
+//! the span's user requests (newest first), the assistant's last words and the identifier index
+//! ([`index`]: files edited with their symbols, commands with their outcome, error lines, URLs,
+//! versions, ranked by use and recency) are copied from the messages themselves, within a token
+//! budget, and carried into the next summary of the same conversation. A small summarizer may
+//! drop or garble them; the record cannot. Pure: the engine appends it after the model's text.
 //!
 //! How the budget is shared (stated for users beside `summary_max_tokens` in
 //! `config/compactor.toml`): the model writes at most half of a summary's budget
@@ -12,7 +12,8 @@
 //! their shares, and what all leave goes round once more. A section whose
 //! items do not all fit shortens them, the longest first (a long request to its first sentence
 //! and its distinctive words, [`user_words::shorten`]), before it leaves any out, and then leaves
-//! out the least worth keeping: the oldest request, command or error, the newest constraint. So a
+//! out the least worth keeping: the oldest request, the least ranked index entry, the newest
+//! constraint ([`Index::fit`] says how the index shortens). So a
 //! large item never pushes out a small one, and a constraint, once set, stays. What a client
 //! injects into user messages is taken out before they are read ([`user_words::own_words`]).
 

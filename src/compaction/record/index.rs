@@ -70,7 +70,7 @@ static EXIT_CODE: LazyLock<Regex> = LazyLock::new(|| {
 });
 static DECLARED: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(
-        r"\b(?:fn|function|class|const|let|var|def|interface|type|struct|enum|trait|mod|static)\s+([A-Za-z_][A-Za-z0-9_]{2,})\s*(?:[=(<{:;,]|extends\b|implements\b)",
+        r"\b(?:fn|function|class|const|let|var|def|interface|type|struct|enum|trait|mod|static|private|public|protected|async)\s+([A-Za-z_][A-Za-z0-9_]{2,})\s*(?:[=(<{:;,]|extends\b|implements\b)",
     )
     .unwrap()
 });

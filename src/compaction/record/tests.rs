@@ -47,16 +47,25 @@ fn collects_requests_commands_errors_and_names_newest_first() {
         vec!["Fixed the import; next I run the tests."],
         "only the newest assistant text"
     );
-    assert_eq!(r.sections[COMMANDS], vec!["npm run check"]);
+    let index: Vec<(index::Kind, &str, &str)> = r
+        .index
+        .entries
+        .iter()
+        .map(|e| (e.kind, e.name.as_str(), e.detail.as_str()))
+        .collect();
     assert_eq!(
-        r.sections[ERRORS],
-        vec![
-            "src/a.ts(3,1): error TS2304: Cannot find name 'x'.",
-            "more error lines"
+        index,
+        [
+            (
+                index::Kind::Command,
+                "npm run check",
+                "src/a.ts(3,1): error TS2304: Cannot find name 'x'."
+            ),
+            (index::Kind::Edited, "src/a.ts", "_reconnectToAgent"),
         ],
-        "two lines per result; `0 errors` and files read are not errors"
+        "the command with its first error line (`0 errors` and files read are not errors); \
+         the file edited with the symbol it defined"
     );
-    assert_eq!(r.sections[NAMES], vec!["_reconnectToAgent", "agentSession"]);
 }
 
 #[test]
@@ -65,7 +74,9 @@ fn renders_and_parses_back() {
     let text = r.render(Encoding::O200k, 1000);
     assert!(text.starts_with(HEADING), "{text}");
     assert!(
-        text.contains("- npm run check\n") && text.contains("- _reconnectToAgent, agentSession")
+        text.contains("- $ npm run check → src/a.ts(3,1): error TS2304")
+            && text.contains("- edited src/a.ts: _reconnectToAgent"),
+        "{text}"
     );
     let (model, rest) = split(&text);
     assert_eq!(model, "");
@@ -122,7 +133,9 @@ fn the_record_fills_what_a_terse_model_leaves_and_keeps_its_floor() {
 fn attach_carries_the_previous_record_after_the_new_one() {
     let request = span();
     let span = views(&request);
-    let previous = format!("## Goal\nold\n\n{HEADING}\n\n### Commands run, newest first\n- cargo test\n- npm run check\n");
+    let previous = format!(
+        "## Goal\nold\n\n{HEADING}\n\n### Identifier index, most used first\n- $ cargo test\n- $ npm run check\n"
+    );
     let summary = attach(
         "## Goal\nnew",
         &span,
@@ -133,9 +146,17 @@ fn attach_carries_the_previous_record_after_the_new_one() {
     let (model, record) = split(&summary);
     assert_eq!(model, "## Goal\nnew");
     let record = Record::parse(record.unwrap());
+    let commands: Vec<(&str, u32)> = record
+        .index
+        .entries
+        .iter()
+        .filter(|e| e.kind == index::Kind::Command)
+        .map(|e| (e.name.as_str(), e.uses))
+        .collect();
     assert_eq!(
-        record.sections[COMMANDS],
-        vec!["npm run check", "cargo test"]
+        commands,
+        [("npm run check", 2), ("cargo test", 1)],
+        "a command of both counts twice and ranks first"
     );
     // A model text that used the budget leaves no room.
     assert_eq!(attach("x", &span, None, Encoding::O200k, 1), "x");
@@ -275,14 +296,8 @@ fn constraints_are_deduplicated_and_kept_oldest_first_when_over_their_share() {
     );
     // Carried, the older record's constraints come before the newer span's.
     let newer = Record {
-        sections: [
-            vec!["Prefer tabs.".to_string()],
-            vec![],
-            vec![],
-            vec![],
-            vec![],
-            vec![],
-        ],
+        sections: [vec!["Prefer tabs.".to_string()], vec![], vec![]],
+        index: Index::default(),
     };
     let merged = newer.then(kept.clone());
     assert_eq!(merged.constraints()[0], kept.constraints()[0]);
@@ -373,9 +388,7 @@ fn the_config_docs_state_the_shares_in_force() {
         "constraints",
         "requests",
         "last assistant message",
-        "commands run",
-        "errors seen",
-        "names in edits",
+        "identifier index",
     ];
     for ((_, share), name) in SECTIONS.iter().zip(names) {
         assert!(
@@ -384,4 +397,62 @@ fn the_config_docs_state_the_shares_in_force() {
         );
     }
     assert!(docs.contains("at most half") && FLOOR == 50);
+}
+
+fn editing(id: usize, path: &str, new_text: &str) -> [String; 2] {
+    let args = serde_json::json!({"path": path, "oldText": "todo!()", "newText": new_text});
+    let call = serde_json::json!({"role": "assistant", "content": null, "tool_calls": [
+        {"id": id.to_string(), "type": "function",
+         "function": {"name": "edit", "arguments": args.to_string()}}]});
+    let result =
+        serde_json::json!({"role": "tool", "tool_call_id": id.to_string(), "content": "Edited."});
+    [call.to_string(), result.to_string()]
+}
+
+#[test]
+fn the_index_is_carried_across_ten_compactions_within_a_4k_windows_budget() {
+    // Twelve turns, each defining one function in its own file and running one command, with a
+    // pasted file between them: more than a 512-token summary holds.
+    let mut messages = Vec::new();
+    for turn in 0..12 {
+        messages.push(user(&format!(
+            "Step {turn}: here is the log.\n{}",
+            "line of a long pasted log with nothing to keep\n".repeat(60)
+        )));
+        messages.extend(editing(
+            100 + turn,
+            &format!("src/step_{turn}.rs"),
+            &format!("pub fn handle_step_{turn}() -> u32 {{ {turn} }}"),
+        ));
+        messages.extend(assistant_running(
+            200 + turn,
+            &format!("cargo test step_{turn}"),
+            if turn == 0 {
+                "error[E0425]: cannot find value `limit`\nProcess exited with code 101"
+            } else {
+                "test result: ok"
+            },
+        ));
+        messages.extend(assistant_running(300 + turn, "cargo build", "Finished"));
+    }
+    let summary = compact_repeatedly(&messages, 12, 512);
+    assert!(Encoding::O200k.count(&summary) <= 512);
+    let record = Record::parse(split(&summary).1.unwrap());
+    for turn in 0..12 {
+        assert!(
+            summary.contains(&format!("edited src/step_{turn}.rs: handle_step_{turn}")),
+            "the symbol of turn {turn}, with its file, after 12 compactions: {summary}"
+        );
+    }
+    let build = record
+        .index
+        .entries
+        .iter()
+        .find(|e| e.name == "cargo build")
+        .expect("the command run every turn");
+    assert_eq!(build.uses, 12, "its uses counted across compactions");
+    assert_eq!(
+        record.index.entries[0].name, "cargo build",
+        "the most used ranks first: {summary}"
+    );
 }

@@ -48,16 +48,15 @@ fn takes_the_exact_names_of_a_span() {
         [
             "$ cargo test -q ×2 → exit 101: error[E0425]: cannot find value `x`",
             "edited src/b.rs",
-            "key: listen_port in config/app.toml",
-            "key: max_retries in config/app.toml",
-            "wrote config/app.toml",
-            "edited src/a.rs: old_name, retry_budget",
+            "wrote config/app.toml: max_retries, listen_port",
+            "edited src/a.rs: retry_budget, old_name",
             "error: Could not find the exact text in src/b.rs",
             "version: 1.0.210",
             "url: https://docs.rs/serde/latest/serde/",
         ],
         "most used first, then newest; a file read is not an error; the newest non-empty \
-         outcome of a command is kept"
+         outcome of a command is kept; a config file's symbols are its keys; both sides of an \
+         edit name the symbols it edited"
     );
 }
 
@@ -112,4 +111,13 @@ fn fit_shortens_before_it_leaves_out_the_least_ranked() {
     assert!(kept.len() < 41 && kept.len() > 10, "{}", kept.len());
     let (all, _) = index.fit(Encoding::O200k, 100_000, 10);
     assert_eq!(all.len(), 41);
+}
+
+#[test]
+fn prose_declares_nothing_and_methods_are_declared() {
+    let prose = serde_json::json!({"path": "docs/plan.md", "content": "the type that we use"});
+    assert!(declared_names(&prose).is_empty());
+    let code = serde_json::json!({"path": "src/a.ts",
+        "newText": "private reconnect(): void {}\nconst MAX_RETRIES = 7;\ntype Mode = 'a';"});
+    assert_eq!(declared_names(&code), ["reconnect", "MAX_RETRIES", "Mode"]);
 }
