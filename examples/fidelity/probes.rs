@@ -258,7 +258,9 @@ fn contains_bounded(text: &str, needle: &str) -> bool {
         && text.match_indices(needle).any(|(at, _)| {
             let before = text[..at].chars().next_back();
             let after = text[at + needle.len()..].chars().next();
-            !(starts_word && before.is_some_and(word)) && !(ends_word && after.is_some_and(word))
+            let joins_before = starts_word && before.is_some_and(word);
+            let joins_after = ends_word && after.is_some_and(word);
+            !joins_before && !joins_after
         })
 }
 
