@@ -138,7 +138,9 @@ pub async fn replay(body: &Value, window: u64) -> Result<Replay, String> {
 }
 
 /// The engine at `window`, with the memory store, real time and no ahead-of-time summaries (a
-/// replay sends the next request at once).
+/// replay sends the next request at once). A variant of the engine measured beside this one
+/// (old tool output cleared before anything is summarized, once the engine has it) is a change
+/// to this configuration, run once each way under its own `--label`.
 fn engine(model: &str, window: u64) -> Arc<Engine> {
     let config = CompactionConfig {
         ahead_of_time: false,
