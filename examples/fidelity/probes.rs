@@ -109,6 +109,9 @@ static DECISION: LazyLock<Regex> = LazyLock::new(|| {
     )
     .unwrap()
 });
+/// Where a sentence ends: `.`, `!` or `?` before a space or the end, or a line break (not the
+/// dot of `agent.ts`).
+static SENTENCE_END: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"[.!?](?:\s+|$)|\n").unwrap());
 static CODE_TOKEN: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r"[A-Za-z0-9_./:~-]*[A-Za-z0-9_]").unwrap());
 
@@ -150,7 +153,7 @@ pub fn draw(span: &[(Role, MessageView)]) -> Vec<Probe> {
                 }
             }
             Role::Assistant => {
-                for sentence in view.text.split(['.', '!', '\n']) {
+                for sentence in SENTENCE_END.split(&view.text) {
                     if !DECISION.is_match(sentence) {
                         continue;
                     }
