@@ -105,7 +105,10 @@ pub struct SummarizerConfig {
 #[serde(default, deny_unknown_fields)]
 pub struct ResponsesConfig {
     pub server_compaction: ServerCompaction,
+    /// Variable holding the secret that seals compaction items; empty: one kept in the store.
     pub compaction_secret_env: String,
+    /// Variable holding the secret used before a rotation, whose items are still accepted.
+    pub compaction_secret_previous_env: String,
 }
 
 /// The history of each conversation's requests that the conversation page shows, kept in the
@@ -249,7 +252,8 @@ impl Config {
         };
         let mut table: toml::Table = toml::from_str(&text)
             .map_err(|e| ConfigError::Invalid(format!("{}: {}", path_name(path), e.message())))?;
-        apply_env(&mut table, env)?;
+        let env: BTreeMap<String, String> = env.into_iter().collect();
+        apply_env(&mut table, env.clone())?;
         let mut config: Config = Config::deserialize(toml::Value::Table(table))
             .map_err(|e| ConfigError::Invalid(e.message().to_string()))?;
         if let Some(v) = &cli.listen {
@@ -265,7 +269,35 @@ impl Config {
             config.log_format = v;
         }
         config.validate()?;
+        config.check_named_secrets(|name| env.get(name).cloned())?;
         Ok(config)
+    }
+
+    /// Refuses a secret variable that is named but unset or empty (`lookup` reads a variable):
+    /// falling back to another secret would have replicas, or the next start, refuse the items
+    /// this one seals.
+    pub fn check_named_secrets(
+        &self,
+        lookup: impl Fn(&str) -> Option<String>,
+    ) -> Result<(), ConfigError> {
+        for (key, var) in [
+            (
+                "responses.compaction_secret_env",
+                &self.responses.compaction_secret_env,
+            ),
+            (
+                "responses.compaction_secret_previous_env",
+                &self.responses.compaction_secret_previous_env,
+            ),
+        ] {
+            if !var.is_empty() && lookup(var).is_none_or(|v| v.is_empty()) {
+                return Err(ConfigError::Invalid(format!(
+                    "{key} names `{var}`, which is unset or empty; set it, or leave {key} empty \
+                     to seal with the secret kept in the store"
+                )));
+            }
+        }
+        Ok(())
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
@@ -403,6 +435,12 @@ impl Config {
     /// The secret named by `responses.compaction_secret_env`, read from the process environment.
     pub fn compaction_secret(&self) -> Option<String> {
         read_key(&self.responses.compaction_secret_env)
+    }
+
+    /// The secret named by `responses.compaction_secret_previous_env`, from the process
+    /// environment.
+    pub fn previous_compaction_secret(&self) -> Option<String> {
+        read_key(&self.responses.compaction_secret_previous_env)
     }
 
     /// Whether Compactor answers client-requested Responses compaction itself: always, never,

@@ -26,12 +26,12 @@ use tower::ServiceExt;
 
 use crate::compaction::{Engine, Parts};
 use crate::config::{redact_url, Config};
-use crate::dialect::responses::sealed::Sealer;
 use crate::dialect::{anthropic::Messages, chat::Chat, responses::Responses, Dialect};
 use crate::http::app::ClientCompaction;
 use crate::http::gateway_keys::GatewayKeys;
 use crate::http::limits::{Activity, ConnectionLimits, HeldOpen, Limits};
 use crate::http::parse_error_bodies::{Answered, ParseErrorBodies};
+use crate::http::sealing::SealingKeys;
 use crate::http::{router, ApiError, App};
 use crate::measure::{windows::WindowTable, Meter};
 use crate::metrics::Metrics;
@@ -55,14 +55,15 @@ pub async fn build(config: &Config) -> Result<Arc<App>, String> {
     )
     .await
     .map_err(|e| format!("store `{}`: {e}", redact_url(&config.store)))?;
-    build_with_store(config, store)
+    build_with_store(config, store).await
 }
 
 /// Builds the application around a given store (tests share one between instances).
-pub fn build_with_store(
+pub async fn build_with_store(
     config: &Config,
     store: Arc<dyn CheckpointStore>,
 ) -> Result<Arc<App>, String> {
+    let sealer = SealingKeys::open(config, store.clone()).await?;
     let upstream = Upstream::new(
         &config.upstream,
         config.upstream_key(),
@@ -145,10 +146,7 @@ pub fn build_with_store(
         }),
         client_compaction: ClientCompaction {
             emulate: config.emulates_responses_compaction(),
-            sealer: match config.compaction_secret() {
-                Some(secret) => Sealer::new(secret.as_bytes()),
-                None => Sealer::random(),
-            },
+            sealer,
         },
         telemetry,
     }))

@@ -193,3 +193,31 @@ fn telemetry_is_off_by_default_and_its_endpoint_is_checked() {
     .unwrap_err();
     assert!(err.to_string().contains("telemetry.otlp_endpoint"), "{err}");
 }
+
+#[test]
+fn a_named_but_missing_sealing_secret_is_refused() {
+    for (key, var) in [
+        ("COMPACTOR_RESPONSES__COMPACTION_SECRET_ENV", "SEAL_NOW"),
+        (
+            "COMPACTOR_RESPONSES__COMPACTION_SECRET_PREVIOUS_ENV",
+            "SEAL_BEFORE",
+        ),
+    ] {
+        for set in [None, Some("")] {
+            let mut pairs = vec![(key, var)];
+            pairs.extend(set.map(|value| (var, value)));
+            let err = Config::load(None, env(&pairs), &CliOverrides::default()).unwrap_err();
+            let message = err.to_string();
+            assert!(
+                message.contains(var) && message.contains("unset or empty"),
+                "{message}"
+            );
+        }
+        let loaded = Config::load(
+            None,
+            env(&[(key, var), (var, "a long random secret")]),
+            &CliOverrides::default(),
+        );
+        assert!(loaded.is_ok(), "{loaded:?}");
+    }
+}

@@ -7,8 +7,8 @@ use axum::response::Response;
 
 use super::gateway_keys::GatewayKeys;
 use super::limits::{ConnectionLimits, Limits};
+use super::sealing::SealingKeys;
 use crate::compaction::Engine;
-use crate::dialect::responses::sealed::Sealer;
 use crate::metrics::{Metrics, RequestLabels, Route};
 use crate::store::TimelineBounds;
 use crate::telemetry::Telemetry;
@@ -36,11 +36,11 @@ pub struct App {
 }
 
 /// Whether Compactor answers the compaction Responses clients ask for
-/// ([`super::client_compaction`]), and the key its items are sealed with.
+/// ([`super::client_compaction`]), and the keys its items are sealed with.
 #[derive(Debug, Clone)]
 pub struct ClientCompaction {
     pub emulate: bool,
-    pub sealer: Sealer,
+    pub sealer: Arc<SealingKeys>,
 }
 
 impl App {

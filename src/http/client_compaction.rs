@@ -109,6 +109,7 @@ pub(super) async fn expand(
         let id = app
             .client_compaction
             .sealer
+            .current()
             .open(&tenant.seed, &content)
             .map_err(|e| refused(format!("this compaction item cannot be used: {e}")))?;
         let checkpoint = app
@@ -191,6 +192,7 @@ async fn compact_whole(
     let sealed = app
         .client_compaction
         .sealer
+        .current()
         .seal(&tenant.seed, &checkpoint.id);
     let item = answers::compaction_item(&checkpoint.id, &sealed);
     Ok((checkpoint, item))

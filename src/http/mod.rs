@@ -33,6 +33,7 @@ pub mod path;
 mod probe;
 mod reader;
 mod routes;
+pub mod sealing;
 mod spans;
 mod status;
 pub mod stream;

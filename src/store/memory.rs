@@ -1,4 +1,5 @@
-//! In-process store: everything in maps, lost on exit. For tests and throwaway runs.
+//! In-process store: everything in maps (the shared secret too), lost on exit. For tests and
+//! throwaway runs.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -35,6 +36,7 @@ impl Default for MemoryStore {
 #[derive(Default)]
 struct Inner {
     by_anchor: HashMap<String, Arc<Vec<Checkpoint>>>,
+    secrets: HashMap<String, String>,
 }
 
 impl MemoryStore {
@@ -123,6 +125,15 @@ impl CheckpointStore for MemoryStore {
         id: &str,
     ) -> Result<Option<(ConversationEntry, Vec<RequestRow>)>, StoreError> {
         Ok(self.timelines.timeline(id))
+    }
+
+    async fn shared_secret(&self, name: &str, candidate: &str) -> Result<String, StoreError> {
+        Ok(self
+            .lock()
+            .secrets
+            .entry(name.to_string())
+            .or_insert_with(|| candidate.to_string())
+            .clone())
     }
 
     fn kind(&self) -> &'static str {

@@ -203,6 +203,10 @@ pub trait CheckpointStore: Send + Sync + 'static {
         &self,
         id: &str,
     ) -> Result<Option<(ConversationEntry, Vec<RequestRow>)>, StoreError>;
+    /// The secret kept under `name`: `candidate` is kept unless a secret is kept already, and
+    /// the kept one is returned. The first writer wins, also between replicas starting at once
+    /// on one shared store; the secret never expires.
+    async fn shared_secret(&self, name: &str, candidate: &str) -> Result<String, StoreError>;
     /// Whether the store is currently working as intended (false: degraded).
     fn healthy(&self) -> bool {
         true
@@ -402,6 +406,13 @@ pub(crate) mod contract {
             store.try_lease("k", "three", ttl).await.unwrap(),
             "leases expire"
         );
+        assert_eq!(store.shared_secret("s", "first").await.unwrap(), "first");
+        assert_eq!(
+            store.shared_secret("s", "second").await.unwrap(),
+            "first",
+            "the first secret kept stays"
+        );
+        assert_eq!(store.shared_secret("t", "other").await.unwrap(), "other");
         check_timelines(store).await;
     }
 

@@ -29,7 +29,7 @@ use super::{
 };
 use connection::{Connection, Target, Timeouts};
 use degraded::{probe, ListWeight, Pending, CONNECT_TIMEOUT, LOCAL_BYTES};
-use layout::{lease_key, model_key, ttl_ms, Scripts};
+use layout::{lease_key, model_key, secret_key, ttl_ms, Scripts};
 
 pub use connection::is_redis_url;
 
@@ -394,6 +394,26 @@ impl CheckpointStore for RedisStore {
         {
             Some(found) => Ok(found),
             None => s.local.timeline(id).await,
+        }
+    }
+
+    async fn shared_secret(&self, name: &str, candidate: &str) -> Result<String, StoreError> {
+        let s = &self.shared;
+        // SET NX, then GET: whichever replica's SET lands first is the secret every one reads.
+        let kept = s
+            .call("shared_secret", |mut m| async move {
+                let key = secret_key(name);
+                let _: bool = m.set_nx(&key, candidate).await?;
+                m.get::<_, Option<String>>(&key).await
+            })
+            .await;
+        match kept {
+            Some(Some(kept)) => Ok(kept),
+            Some(None) => Err(StoreError::Unavailable(
+                "the secret written to redis was not read back".into(),
+            )),
+            // Not served from local memory: a secret no other replica holds is not shared.
+            None => Err(StoreError::Unavailable("redis is unreachable".into())),
         }
     }
 

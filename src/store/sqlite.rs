@@ -2,7 +2,9 @@
 //!
 //! The file belongs to one proxy process, so reads are served from a write-through cache of
 //! each conversation's checkpoints; SQLite is touched on writes and on the first read of a
-//! conversation. Leases are in-process (there is only one process to coordinate).
+//! conversation. Leases are in-process (there is only one process to coordinate). Secrets kept
+//! in the file ([`CheckpointStore::shared_secret`]) are read and written directly, never from
+//! memory: one that was not written must not be handed out as kept.
 //!
 //! A write that fails (a full disk, a read-only file) does not lose the checkpoint: it is kept in
 //! memory and served from there, the store reports itself degraded (`x-compactor-store`,
@@ -21,7 +23,7 @@ use quick_cache::sync::Cache;
 use rusqlite::{params, OptionalExtension};
 
 use super::lease::LeaseTable;
-use super::sqlite_file::{prune_facts, unavailable, Database, Write, NEVER};
+use super::sqlite_file::{prune_facts, shared_secret, unavailable, Database, Write, NEVER};
 use super::sqlite_timeline;
 use super::{
     expiry_cutoff, insert_newest_first, is_fresh, now_ms, Checkpoint, CheckpointStore,
@@ -366,6 +368,12 @@ impl CheckpointStore for SqliteStore {
         .await
     }
 
+    async fn shared_secret(&self, name: &str, candidate: &str) -> Result<String, StoreError> {
+        let (name, candidate) = (name.to_string(), candidate.to_string());
+        self.read(move |c| shared_secret(c, &name, &candidate).map_err(unavailable))
+            .await
+    }
+
     /// Degraded while writes wait in memory. At most once a second this also looks for the
     /// file (a removed one degrades the store) and, off the runtime, retries what is pending.
     fn healthy(&self) -> bool {
@@ -447,8 +455,10 @@ mod tests {
                 )
                 .await
                 .unwrap();
+            assert_eq!(store.shared_secret("s", "kept").await.unwrap(), "kept");
         }
         let store = SqliteStore::open(&path, Duration::from_secs(3600)).unwrap();
+        assert_eq!(store.shared_secret("s", "new").await.unwrap(), "kept");
         assert_eq!(store.for_anchor("a").await.unwrap()[0], cp);
         assert_eq!(store.get(&cp.id).await.unwrap(), Some(cp));
         assert_eq!(store.model_facts("m").await.unwrap().window, Some(2048));

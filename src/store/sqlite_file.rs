@@ -9,7 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
-use rusqlite::{params, Connection};
+use rusqlite::{params, Connection, OptionalExtension};
 
 use super::{StoreError, MODEL_FACTS_ROWS};
 
@@ -107,7 +107,8 @@ impl Database {
                      seq INTEGER NOT NULL,
                      body TEXT NOT NULL,
                      PRIMARY KEY (conversation, seq)
-                 );",
+                 );
+                 CREATE TABLE IF NOT EXISTS secrets (name TEXT PRIMARY KEY, value TEXT NOT NULL);",
             )
             .map_err(|e| unavailable(format!("{}: {e}", path.display())))?;
         add_facts_expiry(&connection)
@@ -197,6 +198,31 @@ impl Database {
             prune_facts(&tx, MODEL_FACTS_ROWS).map_err(unavailable)?;
         }
         tx.commit().map_err(unavailable)
+    }
+}
+
+/// Keeps `candidate` as the secret `name` unless one is kept already, and returns the kept one.
+pub(crate) fn shared_secret(
+    connection: &Connection,
+    name: &str,
+    candidate: &str,
+) -> rusqlite::Result<String> {
+    let inserted = connection.execute(
+        "INSERT OR IGNORE INTO secrets (name, value) VALUES (?1, ?2)",
+        params![name, candidate],
+    );
+    let kept = connection
+        .query_row(
+            "SELECT value FROM secrets WHERE name = ?1",
+            params![name],
+            |r| r.get::<_, String>(0),
+        )
+        .optional()?;
+    match (kept, inserted) {
+        (Some(kept), _) => Ok(kept),
+        // Nothing kept, and the write failed (a read-only or full file): that failure.
+        (None, Err(e)) => Err(e),
+        (None, Ok(_)) => Err(rusqlite::Error::QueryReturnedNoRows),
     }
 }
 

@@ -423,7 +423,12 @@ pub async fn start_proxy_with_store(
     config: Config,
     store: Arc<dyn compactor::store::CheckpointStore>,
 ) -> Proxy {
-    start_app(compactor::server::build_with_store(&config, store).unwrap()).await
+    start_app(
+        compactor::server::build_with_store(&config, store)
+            .await
+            .unwrap(),
+    )
+    .await
 }
 
 async fn start_app(app: Arc<compactor::http::App>) -> Proxy {

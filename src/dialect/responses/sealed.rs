@@ -8,11 +8,17 @@
 //! `cmpx1.<checkpoint id>.<mac hex>`. An edited id or MAC, or an item another tenant minted,
 //! fails verification before the store is asked. BLAKE3's keyed mode is the MAC (the crate is
 //! already the project's hash), compared in constant time.
+//!
+//! A sealer mints with one key and may accept items of a few others: the previous secret during
+//! a rotation, or a key it used before the store's shared secret could be read.
 
 use crate::identity::Hash;
 
 const PREFIX: &str = "cmpx1";
 const KEY_CONTEXT: &str = "compactor responses compaction item v1";
+/// Most earlier keys a sealer goes on accepting (the newest are kept): each one is tried on
+/// every item that does not open with the current key.
+const MAX_ACCEPTED: usize = 4;
 
 /// Why an item's `encrypted_content` was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -23,10 +29,13 @@ pub enum SealError {
     BadSeal,
 }
 
-/// Mints and verifies compaction items with one server secret.
+/// Mints compaction items with one server secret, and verifies them with it or with the secrets
+/// it was told to go on accepting.
 #[derive(Clone)]
 pub struct Sealer {
     key: [u8; 32],
+    /// Keys whose items still open, though no new item is sealed with them.
+    accepted: Vec<[u8; 32]>,
 }
 
 impl std::fmt::Debug for Sealer {
@@ -40,16 +49,38 @@ impl Sealer {
     pub fn new(secret: &[u8]) -> Sealer {
         Sealer {
             key: blake3::derive_key(KEY_CONTEXT, secret),
+            accepted: Vec::new(),
         }
     }
 
-    /// A sealer with a fresh random key: items it mints stop verifying when the process ends.
-    pub fn random() -> Sealer {
-        Sealer::new(&rand::random::<[u8; 32]>())
+    /// This sealer, also opening the items sealed with `secret` (a previous one).
+    pub fn accepting(mut self, secret: &[u8]) -> Sealer {
+        let key = blake3::derive_key(KEY_CONTEXT, secret);
+        if key != self.key && !self.accepted.contains(&key) {
+            self.accepted.insert(0, key);
+            self.accepted.truncate(MAX_ACCEPTED);
+        }
+        self
     }
 
-    fn mac(&self, tenant: &Hash, checkpoint_id: &str) -> blake3::Hash {
-        let mut h = blake3::Hasher::new_keyed(&self.key);
+    /// A sealer that seals with `secret` and goes on opening every item this one opens.
+    pub fn succeeded_by(&self, secret: &[u8]) -> Sealer {
+        let next = Sealer::new(secret);
+        let accepted: Vec<[u8; 32]> = std::iter::once(self.key)
+            .chain(self.accepted.iter().copied())
+            .filter(|k| *k != next.key)
+            .take(MAX_ACCEPTED)
+            .collect();
+        Sealer { accepted, ..next }
+    }
+
+    /// Whether this sealer mints with the key `secret` derives.
+    pub fn seals_with(&self, secret: &[u8]) -> bool {
+        self.key == blake3::derive_key(KEY_CONTEXT, secret)
+    }
+
+    fn mac(key: &[u8; 32], tenant: &Hash, checkpoint_id: &str) -> blake3::Hash {
+        let mut h = blake3::Hasher::new_keyed(key);
         h.update(tenant);
         h.update(&(checkpoint_id.len() as u64).to_le_bytes());
         h.update(checkpoint_id.as_bytes());
@@ -60,7 +91,7 @@ impl Sealer {
     pub fn seal(&self, tenant: &Hash, checkpoint_id: &str) -> String {
         format!(
             "{PREFIX}.{checkpoint_id}.{}",
-            self.mac(tenant, checkpoint_id).to_hex()
+            Sealer::mac(&self.key, tenant, checkpoint_id).to_hex()
         )
     }
 
@@ -70,7 +101,8 @@ impl Sealer {
         content.starts_with(PREFIX) && content[PREFIX.len()..].starts_with('.')
     }
 
-    /// The checkpoint id `content` stands for, when it was sealed by this key for `tenant`.
+    /// The checkpoint id `content` stands for, when it was sealed for `tenant` by this sealer's
+    /// key or one it accepts.
     pub fn open(&self, tenant: &Hash, content: &str) -> Result<String, SealError> {
         let rest = content
             .strip_prefix(PREFIX)
@@ -79,7 +111,10 @@ impl Sealer {
         let (id, mac_hex) = rest.rsplit_once('.').ok_or(SealError::BadSeal)?;
         let mac = blake3::Hash::from_hex(mac_hex).map_err(|_| SealError::BadSeal)?;
         // blake3::Hash's equality is constant-time.
-        if id.is_empty() || mac != self.mac(tenant, id) {
+        let opens = std::iter::once(&self.key)
+            .chain(&self.accepted)
+            .any(|key| mac == Sealer::mac(key, tenant, id));
+        if id.is_empty() || !opens {
             return Err(SealError::BadSeal);
         }
         Ok(id.to_string())
@@ -127,8 +162,44 @@ mod tests {
     }
 
     #[test]
+    fn an_accepted_key_opens_its_items_but_seals_none() {
+        let alice = tenant("Bearer alice");
+        let old = Sealer::new(b"old secret").seal(&alice, "3f2a");
+        let rotated = Sealer::new(b"new secret").accepting(b"old secret");
+        assert_eq!(rotated.open(&alice, &old), Ok("3f2a".to_string()));
+        assert_eq!(
+            rotated.seal(&alice, "3f2a"),
+            Sealer::new(b"new secret").seal(&alice, "3f2a")
+        );
+        assert_eq!(
+            Sealer::new(b"new secret").open(&alice, &old),
+            Err(SealError::BadSeal)
+        );
+        assert_eq!(
+            rotated.open(&tenant("Bearer mallory"), &old),
+            Err(SealError::BadSeal)
+        );
+    }
+
+    #[test]
+    fn a_successor_opens_what_its_predecessor_opened() {
+        let alice = tenant("Bearer alice");
+        let first = Sealer::new(b"local").accepting(b"previous");
+        let by_previous = Sealer::new(b"previous").seal(&alice, "a");
+        let by_local = first.seal(&alice, "b");
+        let next = first.succeeded_by(b"shared");
+        assert!(next.seals_with(b"shared") && !next.seals_with(b"local"));
+        assert_eq!(next.open(&alice, &by_previous), Ok("a".to_string()));
+        assert_eq!(next.open(&alice, &by_local), Ok("b".to_string()));
+        assert_eq!(
+            next.seal(&alice, "c"),
+            Sealer::new(b"shared").seal(&alice, "c")
+        );
+    }
+
+    #[test]
     fn items_from_elsewhere_are_not_ours() {
-        let sealer = Sealer::random();
+        let sealer = Sealer::new(b"server secret");
         let alice = tenant("Bearer alice");
         for content in [
             "gAAAAABo-openai-blob",

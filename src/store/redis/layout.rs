@@ -9,7 +9,8 @@
 //! - `compactor:id:<id>`: the anchor of checkpoint `<id>`, to find it by id alone;
 //! - `compactor:model:<model>`: learned [`ModelFacts`] as JSON, expiring when they lapse
 //!   ([`ModelFacts::expires_ms`]);
-//! - `compactor:lease:<key>`: the holder of a lease, with `PX` expiry.
+//! - `compactor:lease:<key>`: the holder of a lease, with `PX` expiry;
+//! - `compactor:secret:<name>`: a secret the replicas share (written once, `SET NX`; no expiry).
 //!
 //! The `{<anchor>}` hash tag puts a conversation's two keys in one cluster slot, so the script
 //! that updates them (declaring both in `KEYS`, touching nothing else) runs atomically in one
@@ -41,6 +42,9 @@ pub(super) fn model_key(model: &str) -> String {
 }
 pub(super) fn lease_key(key: &str) -> String {
     format!("compactor:lease:{key}")
+}
+pub(super) fn secret_key(name: &str) -> String {
+    format!("compactor:secret:{name}")
 }
 /// Sorted-set member: zero-padded creation time (so ties on `covered` order by time), then id.
 fn member(checkpoint: &Checkpoint) -> String {

@@ -227,3 +227,38 @@ async fn latency_against_sqlite() {
         );
     }
 }
+
+#[tokio::test]
+async fn replicas_starting_at_once_keep_one_secret() {
+    let server = RedisServer::start();
+    let mut replicas = Vec::new();
+    for _ in 0..4 {
+        replicas.push(
+            RedisStore::open(&server.url(), Duration::ZERO)
+                .await
+                .unwrap(),
+        );
+    }
+    let kept = futures::future::join_all(
+        replicas
+            .iter()
+            .enumerate()
+            .map(|(n, r)| async move { r.shared_secret("s", &format!("candidate {n}")).await }),
+    )
+    .await;
+    let kept: Vec<String> = kept.into_iter().map(Result::unwrap).collect();
+    assert!(kept[0].starts_with("candidate "), "{kept:?}");
+    assert!(kept.iter().all(|k| *k == kept[0]), "{kept:?}");
+}
+
+#[tokio::test]
+async fn no_secret_is_handed_out_while_redis_is_away() {
+    let mut server = RedisServer::start();
+    let store = RedisStore::open(&server.url(), Duration::ZERO)
+        .await
+        .unwrap();
+    server.stop();
+    // The first call after the loss finds it; from then on the store is degraded.
+    let _ = store.shared_secret("s", "local").await;
+    assert!(store.shared_secret("s", "local").await.is_err());
+}
