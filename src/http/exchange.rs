@@ -23,7 +23,7 @@ use super::headers::{
     credential_headers, forwarded_headers, instructions, mode, outcome_headers,
     refuse_encoded_body, set,
 };
-use super::limits::check_model_name;
+use super::limits::{check_model_name, BodyBudget};
 use super::log::Escaped;
 use super::probe::{is_sse, probe, Probe};
 use super::spans;
@@ -68,6 +68,8 @@ struct Exchange<'a> {
     span: Span,
     /// Calls made upstream so far.
     attempts: u32,
+    /// The in-flight budget the body and its parsed form hold, returned with the exchange.
+    budget: Option<BodyBudget>,
 }
 
 /// What a body became once read.
@@ -164,6 +166,7 @@ impl<'a> Exchange<'a> {
             sent: Bytes::new(),
             span: Span::default(),
             attempts: 0,
+            budget: None,
         }
     }
 
@@ -262,7 +265,8 @@ impl<'a> Exchange<'a> {
     }
 
     async fn read(&mut self, body: Body) -> Result<Bytes, ApiError> {
-        let (bytes, _budget) = self.app.limits.read_body(self.headers, body).await?;
+        let (bytes, budget) = self.app.limits.read_body(self.headers, body).await?;
+        self.budget = Some(budget);
         self.sent = bytes.clone();
         Ok(bytes)
     }

@@ -1,10 +1,15 @@
 //! What one client may cost the proxy: the size of a body, the time taken to send it, and the
 //! share of memory all buffered bodies together may hold.
 //!
-//! A chat body is read whole (it is parsed and maybe rewritten), so its bytes count against a
-//! process-wide budget from the first byte until the handler is done with them. A declared
-//! `Content-Length` is checked before anything is read, so an oversized body is refused without
-//! `100 Continue` and without reading it; a body without one reserves its budget as it arrives.
+//! A chat body is read whole (it is parsed and maybe rewritten), so it counts against a
+//! process-wide budget from the first byte until the handler is done with it. What it counts
+//! is what the request holds, not only its bytes: the body, its parsed messages and their
+//! decoded text, [`HELD_PER_BODY_BYTE`] times the body's size (measured with
+//! `examples/memory_burst.rs`), so that the bound is one on the process's memory. One body is
+//! never charged more than the whole budget, so any body within `max_body_bytes` is served when
+//! nothing else is in flight. A declared `Content-Length` is checked before anything is read, so
+//! an oversized body is refused without `100 Continue` and without reading it; a body without one
+//! reserves its budget as it arrives.
 //! A refused body is read to its end and thrown away (up to [`DRAIN_MAX_BYTES`], for at most
 //! [`DRAIN_MAX_TIME`]) before the 413 goes out: clients such as Python's `http.client` (under the
 //! OpenAI SDK) and httpx write the whole body before they read the answer, and a proxy that
@@ -63,6 +68,13 @@ async fn drain(body: &mut Body, already: usize) {
     let _ = tokio::time::timeout(DRAIN_MAX_TIME, reading).await;
 }
 
+/// What a buffered body holds at its peak, per byte of the body, in tenths: the body itself,
+/// its messages' raw JSON, the text decoded from them to count tokens, and what counting and
+/// forwarding hold meanwhile (`examples/memory_burst.rs --parse-only` measures the parsed form;
+/// `benches/results/2026-12-01-memory-burst.md` has the figures).
+pub const HELD_PER_BODY_BYTE: f64 = HELD_TENTHS as f64 / 10.0;
+const HELD_TENTHS: usize = 35;
+
 /// The longest model name accepted. Real ones (a provider's model, a deployment, a Bedrock
 /// ARN, a path on a model hub) are well under 200 bytes.
 pub const MAX_MODEL_NAME_BYTES: usize = 256;
@@ -88,6 +100,8 @@ pub struct Limits {
     pub max_body_bytes: usize,
     pub body_read_timeout: Duration,
     in_flight: Arc<Semaphore>,
+    /// The whole budget: what `in_flight` started with.
+    in_flight_capacity: usize,
 }
 
 /// Limits on client connections, applied by the accept loop.
@@ -168,7 +182,8 @@ impl hyper::body::Body for HeldOpen {
     }
 }
 
-/// Budget held by one buffered body; returned when dropped.
+/// Budget held by one buffered body; returned when dropped, so it is kept for as long as the
+/// request's parsed form lives.
 pub struct BodyBudget(#[allow(dead_code)] Option<OwnedSemaphorePermit>);
 
 impl Limits {
@@ -177,13 +192,20 @@ impl Limits {
         max_in_flight_body_bytes: usize,
         body_read_timeout: Duration,
     ) -> Limits {
+        let in_flight_capacity = max_in_flight_body_bytes
+            .min(Semaphore::MAX_PERMITS)
+            .min(u32::MAX as usize);
         Limits {
             max_body_bytes,
             body_read_timeout,
-            in_flight: Arc::new(Semaphore::new(
-                max_in_flight_body_bytes.min(Semaphore::MAX_PERMITS),
-            )),
+            in_flight: Arc::new(Semaphore::new(in_flight_capacity)),
+            in_flight_capacity,
         }
+    }
+
+    /// The budget a body of `bytes` is charged: what it holds once parsed, at most all of it.
+    fn charge(&self, bytes: usize) -> usize {
+        (bytes.saturating_mul(HELD_TENTHS) / 10).min(self.in_flight_capacity)
     }
 
     /// Reads a whole body within the size limit, the in-flight budget and the read timeout.
@@ -202,8 +224,8 @@ impl Limits {
                 limit: self.max_body_bytes,
             });
         }
-        let mut budget = self.reserve(None, declared.unwrap_or(0))?;
-        let mut reserved = declared.unwrap_or(0);
+        let mut reserved = self.charge(declared.unwrap_or(0));
+        let mut budget = self.reserve(None, reserved)?;
         let mut collected = Vec::with_capacity(declared.unwrap_or(0));
         let read = async {
             while let Some(frame) = body.frame().await {
@@ -219,8 +241,11 @@ impl Limits {
                         limit: self.max_body_bytes,
                     });
                 }
-                if total > reserved {
-                    let more = (total - reserved).max(RESERVE_STEP);
+                let needed = self.charge(total);
+                if needed > reserved {
+                    let more = (needed - reserved)
+                        .max(RESERVE_STEP)
+                        .min(self.in_flight_capacity - reserved);
                     budget = self.reserve(budget.take(), more)?;
                     reserved += more;
                 }
