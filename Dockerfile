@@ -15,6 +15,11 @@ ARG RUST_IMAGE=rust:1-slim-bookworm
 ARG RUNTIME_IMAGE=debian:bookworm-slim
 
 FROM ${RUST_IMAGE} AS chef
+# make builds jemalloc (the proxy's allocator; the slim image has a C compiler but no make).
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends make \
+    && rm -rf /var/lib/apt/lists/*
 RUN cargo install cargo-chef --locked --version 0.1.78
 # Set for both the dependency layer and the final build, so cargo reuses what chef cooked.
 ENV CARGO_PROFILE_RELEASE_STRIP=symbols
@@ -26,6 +31,8 @@ RUN cargo chef prepare --recipe-path recipe.json
 
 FROM chef AS builder
 COPY --from=planner /build/recipe.json recipe.json
+# Build-time settings of dependencies (jemalloc's), so that the cooked layer is the one reused.
+COPY .cargo .cargo
 RUN cargo chef cook --release --locked --recipe-path recipe.json --bin compactor
 COPY . .
 RUN cargo build --release --locked --bin compactor
