@@ -68,10 +68,10 @@ async fn drain(body: &mut Body, already: usize) {
     let _ = tokio::time::timeout(DRAIN_MAX_TIME, reading).await;
 }
 
-/// What a buffered body holds at its peak, per byte of the body, in tenths: the body itself,
-/// its messages' raw JSON, the text decoded from them to count tokens, and what counting and
-/// forwarding hold meanwhile (`examples/memory_burst.rs --parse-only` measures the parsed form;
-/// `benches/results/2026-12-01-memory-burst.md` has the figures).
+/// What a buffered body holds once parsed, per byte of the body: the body itself, its
+/// messages' raw JSON and the text decoded from them to count tokens (2.45 to 2.61 bytes beyond
+/// the body, by `examples/memory_burst.rs --parse-only`; figures in
+/// `benches/results/2026-12-01-memory-burst.md`).
 pub const HELD_PER_BODY_BYTE: f64 = HELD_TENTHS as f64 / 10.0;
 const HELD_TENTHS: usize = 35;
 
