@@ -30,6 +30,7 @@ const LAYERS: &[(&str, u8)] = &[
 const SEAM: &[&str] = &[
     "dialect/mod.rs",
     "dialect/vocabulary.rs",
+    "dialect/edits.rs",
     "dialect/splice.rs",
     "dialect/text.rs",
     "dialect/media.rs",

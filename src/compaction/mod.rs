@@ -23,7 +23,12 @@
 //! stage 4 with the window it learned, on the conversation stage 2 identified. What responses
 //! teach (real windows from overflow errors, calibration from `usage`) lives in [`learn`];
 //! summaries made in the background before they are needed, in [`ahead_of_time`]. The pure parts
-//! ([`plan`], [`prompt`], [`summary_text`], [`files`], [`record`], [`user_words`]) do no I/O.
+//! ([`plan`], [`prompt`], [`summary_text`], [`files`], [`record`], [`user_words`], and the
+//! planner of [`clearing`]) do no I/O.
+//!
+//! Before all of it, the context edits a client asks for (old tool results and reasoning
+//! cleared in place, [`Engine::clear_context`]) are applied to the request when the proxy serves
+//! them rather than the provider.
 //!
 //! On shutdown the engine drains ([`Engine::drain`]): it starts no new summary (a request that
 //! needs one is served its fallback; waiting for one already being written is still allowed),
@@ -31,6 +36,7 @@
 //! ([`Engine::summaries_finished`]), so that one finishing within the grace is stored.
 
 mod ahead_of_time;
+pub mod clearing;
 mod compact;
 mod conversation;
 pub mod files;

@@ -30,10 +30,10 @@
 //!
 //! ## The floor
 //!
-//! This file, [`vocabulary`], [`splice`], [`text`], [`media`], [`media_parts`] and [`overflow`]
-//! are the seam: the
-//! words the core and the dialects share (roles, views, errors), the body splicing, text cutting
-//! and media costing every dialect uses, and the providers' overflow wording. The seam imports nothing of the core
+//! This file, [`vocabulary`], [`edits`], [`splice`], [`text`], [`media`], [`media_parts`] and
+//! [`overflow`] are the seam: the words the core and the dialects share (roles, views, errors,
+//! context edits), the body splicing, text cutting and media costing every dialect uses, and the
+//! providers' overflow wording. The seam imports nothing of the core
 //! ([`crate::compaction`], [`crate::measure`]) and nothing of a dialect; beneath it are only
 //! [`crate::tokenizer`], [`crate::identity`] and [`crate::store`]'s types. The core imports the
 //! seam, never a dialect. Each dialect is a folder ([`chat`], [`anthropic`], [`responses`])
@@ -44,6 +44,7 @@
 
 pub mod anthropic;
 pub mod chat;
+pub mod edits;
 pub mod media;
 pub mod media_parts;
 pub mod overflow;
@@ -59,6 +60,7 @@ use crate::identity::Hash;
 use crate::store::Checkpoint;
 use crate::tokenizer::{Cancel, Encoding};
 
+pub use edits::{AppliedEdit, Clearable, Clearing, ContextEdits};
 pub use overflow::Overflow;
 pub use vocabulary::{AnswerError, MessageView, RequestError, Role, ToolCall, Usage};
 
@@ -226,6 +228,28 @@ pub trait WireRequest: Send + Sync {
     /// what the client did not ask for from the stream.
     fn ask_for_usage(&mut self) -> bool {
         false
+    }
+
+    /// The context edits the client asks the provider for (Anthropic's
+    /// `context_management.edits`), read when the proxy serves them itself: `Ok(None)` when it
+    /// asks for none, an error for an edit the proxy does not know or cannot serve as asked
+    /// (never dropped in silence). The default: the format has none.
+    fn context_edits(&self) -> Result<Option<ContextEdits>, RequestError> {
+        Ok(None)
+    }
+
+    /// What element `index` holds that a context edit may clear (tool calls, tool results,
+    /// reasoning), with their token counts.
+    fn clearable(&self, encoding: Encoding, index: usize) -> Clearable {
+        let _ = (encoding, index);
+        Clearable::default()
+    }
+
+    /// Writes `clearing` into the elements (their original bytes change where something is
+    /// cleared, and nowhere else), and removes the client's request for context edits from the
+    /// body: they are served here, and a provider that does not offer them would refuse it.
+    fn apply_clearing(&mut self, clearing: &Clearing) {
+        let _ = clearing;
     }
 
     /// The body as the client sent it (asking for usage if [`WireRequest::ask_for_usage`] did).

@@ -63,6 +63,9 @@ pub enum RequestError {
     Message { index: usize, reason: String },
     #[error("invalid item at input[{index}]: {reason}")]
     Item { index: usize, reason: String },
+    /// A context edit the proxy cannot serve as asked (`param` names where it stands).
+    #[error("{param}: {reason}")]
+    ContextEdit { param: String, reason: String },
 }
 
 impl RequestError {
@@ -73,6 +76,7 @@ impl RequestError {
             RequestError::Type { field, .. } => Some((*field).to_string()),
             RequestError::Message { index, .. } => Some(format!("messages[{index}]")),
             RequestError::Item { index, .. } => Some(format!("input[{index}]")),
+            RequestError::ContextEdit { param, .. } => Some(param.clone()),
             _ => None,
         }
     }

@@ -9,8 +9,10 @@
 //! backend that demands alternation (`merge_into_user`) it opens the next user message instead.
 //!
 //! [`parse`] reads and validates a body, [`wire`] writes errors and summary requests in
-//! Messages form and reads answers and `usage` back.
+//! Messages form and reads answers and `usage` back, [`edits`] reads and writes Anthropic's
+//! context editing for when the proxy serves it.
 
+pub mod edits;
 pub mod parse;
 pub mod wire;
 
@@ -23,8 +25,8 @@ use crate::dialect::overflow::{self, Overflow};
 use crate::dialect::splice::to_raw;
 use crate::dialect::text::{cut_texts, part_texts, strings_in};
 use crate::dialect::{
-    AnswerError, CallSettings, ClientError, Dialect, MessageView, RequestError, Role,
-    SummaryRequest, Through, ToolCall, Usage, WireRequest,
+    AnswerError, CallSettings, Clearable, Clearing, ClientError, ContextEdits, Dialect,
+    MessageView, RequestError, Role, SummaryRequest, Through, ToolCall, Usage, WireRequest,
 };
 use crate::identity::{self, Hash};
 use crate::tokenizer::Encoding;
@@ -240,6 +242,18 @@ impl WireRequest for MessagesRequest {
     /// reach the model exactly as they were made.
     fn keeps_last_turn_whole(&self) -> bool {
         self.thinking
+    }
+
+    fn context_edits(&self) -> Result<Option<ContextEdits>, RequestError> {
+        edits::read(self)
+    }
+
+    fn clearable(&self, encoding: Encoding, index: usize) -> Clearable {
+        edits::clearable(&self.messages[index], encoding)
+    }
+
+    fn apply_clearing(&mut self, clearing: &Clearing) {
+        edits::apply(self, clearing)
     }
 
     fn original_body(&self) -> Vec<u8> {
