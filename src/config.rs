@@ -52,6 +52,7 @@ pub struct Config {
     pub responses: ResponsesConfig,
     pub timeline: TimelineConfig,
     pub telemetry: TelemetryConfig,
+    pub messages: MessagesConfig,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -151,18 +152,43 @@ impl Default for TelemetryConfig {
     }
 }
 
-/// Who answers the compaction a Responses client asks for (`POST /v1/responses/compact`, an
-/// `input` ending in `compaction_trigger`).
+/// Anthropic's Messages API (`/v1/messages`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct MessagesConfig {
+    /// Who serves the context edits a client asks for (`context_management`).
+    pub context_management: ServerCompaction,
+}
+
+/// Who serves a context feature that first-party providers offer themselves: for Responses,
+/// the compaction a client asks for (`POST /v1/responses/compact`, an `input` ending in
+/// `compaction_trigger`); for Messages, context editing (`context_management`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum ServerCompaction {
-    /// The provider when it is OpenAI's own API (which offers it), Compactor otherwise.
+    /// The provider when it is the first-party API (OpenAI's, Anthropic's), which offers it;
+    /// Compactor otherwise.
     #[default]
     Auto,
     /// Always the provider: such requests and `compaction` items pass through.
     Passthrough,
     /// Always Compactor, from its own checkpoints.
     Emulate,
+}
+
+impl ServerCompaction {
+    /// Whether Compactor serves the feature for `upstream`, whose first-party host is
+    /// `first_party`.
+    fn emulates_for(self, upstream: &str, first_party: &str) -> bool {
+        match self {
+            ServerCompaction::Emulate => true,
+            ServerCompaction::Passthrough => false,
+            ServerCompaction::Auto => reqwest::Url::parse(upstream)
+                .ok()
+                .and_then(|u| u.host_str().map(|h| h != first_party))
+                .unwrap_or(true),
+        }
+    }
 }
 
 impl Default for Config {
@@ -193,6 +219,7 @@ impl Default for Config {
             responses: ResponsesConfig::default(),
             timeline: TimelineConfig::default(),
             telemetry: TelemetryConfig::default(),
+            messages: MessagesConfig::default(),
         }
     }
 }
@@ -446,14 +473,17 @@ impl Config {
     /// Whether Compactor answers client-requested Responses compaction itself: always, never,
     /// or (`auto`) unless the upstream is OpenAI's own API.
     pub fn emulates_responses_compaction(&self) -> bool {
-        match self.responses.server_compaction {
-            ServerCompaction::Emulate => true,
-            ServerCompaction::Passthrough => false,
-            ServerCompaction::Auto => reqwest::Url::parse(&self.upstream)
-                .ok()
-                .and_then(|u| u.host_str().map(|h| h != "api.openai.com"))
-                .unwrap_or(true),
-        }
+        self.responses
+            .server_compaction
+            .emulates_for(&self.upstream, "api.openai.com")
+    }
+
+    /// Whether Compactor serves Anthropic's context editing itself: always, never, or (`auto`)
+    /// unless the Messages upstream is Anthropic's own API.
+    pub fn emulates_context_management(&self) -> bool {
+        self.messages
+            .context_management
+            .emulates_for(&self.anthropic_upstream, "api.anthropic.com")
     }
 }
 

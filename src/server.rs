@@ -144,6 +144,7 @@ pub async fn build_with_store(
             requests_per_conversation: config.timeline.requests_per_conversation,
             conversations: config.timeline.conversations,
         }),
+        context_edits: config.emulates_context_management(),
         client_compaction: ClientCompaction {
             emulate: config.emulates_responses_compaction(),
             sealer,

@@ -221,3 +221,21 @@ fn a_named_but_missing_sealing_secret_is_refused() {
         assert!(loaded.is_ok(), "{loaded:?}");
     }
 }
+
+#[test]
+fn context_management_is_emulated_unless_the_upstream_is_anthropic() {
+    let with = |upstream: &str, mode: &str| {
+        let env = env(&[
+            ("COMPACTOR_ANTHROPIC_UPSTREAM", upstream),
+            ("COMPACTOR_MESSAGES__CONTEXT_MANAGEMENT", mode),
+        ]);
+        Config::load(None, env, &CliOverrides::default())
+            .unwrap()
+            .emulates_context_management()
+    };
+    assert!(!with("https://api.anthropic.com", "auto"));
+    assert!(with("http://127.0.0.1:8080", "auto"));
+    assert!(with("https://api.anthropic.com", "emulate"));
+    assert!(!with("http://127.0.0.1:8080", "passthrough"));
+    assert!(!Config::default().emulates_context_management());
+}

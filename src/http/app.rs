@@ -33,6 +33,9 @@ pub struct App {
     pub timeline: Option<TimelineBounds>,
     /// Where request spans go (nowhere unless an OTLP endpoint is configured).
     pub telemetry: Telemetry,
+    /// Whether Compactor serves the context edits Messages clients ask for
+    /// (`context_management`) rather than the provider ([`super::context_edits`]).
+    pub context_edits: bool,
 }
 
 /// Whether Compactor answers the compaction Responses clients ask for

@@ -13,10 +13,12 @@ use std::time::{Duration, Instant};
 use axum::body::Body;
 use axum::response::Response;
 use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
 use http::{HeaderMap, Method};
 
 use super::app::App;
 use super::client_compaction::{self, Intercepted};
+use super::context_edits;
 use super::conversations;
 use super::error::ApiError;
 use super::headers::{
@@ -31,7 +33,7 @@ use super::stream;
 use super::tenant::Tenant;
 use crate::compaction::{Mode, Outcome, RequestContext};
 use crate::dialect::responses::request::ResponsesRequest;
-use crate::dialect::{Dialect, Overflow, WireRequest};
+use crate::dialect::{AppliedEdit, Dialect, Overflow, WireRequest};
 use crate::metrics::Route;
 use crate::telemetry::Span;
 use crate::upstream::{self, Upstream, UpstreamResponse};
@@ -51,6 +53,9 @@ pub(super) struct Target<'a> {
     /// Whether Compactor answers the compaction the client asks for (Responses'
     /// `compaction_trigger`) and expands the items it minted ([`client_compaction`]).
     pub client_compaction: bool,
+    /// Whether Compactor serves the context edits the client asks for (Messages'
+    /// `context_management`) rather than the provider ([`context_edits`]).
+    pub context_edits: bool,
 }
 
 /// One request on the compacting path, from its arrival to its closing phase.
@@ -96,6 +101,8 @@ struct Served {
     expanded: Option<String>,
     /// The span of the call that answered, ended with the answer.
     call: Span,
+    /// What the context edits Compactor served cleared, reported in the answer.
+    applied_edits: Option<Vec<AppliedEdit>>,
 }
 
 /// How an exchange ends.
@@ -181,6 +188,7 @@ impl<'a> Exchange<'a> {
             Parsed::ServerState(bytes) => return self.forward_untouched(bytes).await,
         };
         spans::model_asked(&mut self.span, request.model());
+        let applied_edits = self.clear_context(request.as_mut())?;
         let asked_usage = self.app.calibrate_streams && request.ask_for_usage();
         let request: Arc<dyn WireRequest> = Arc::from(request);
         let context = RequestContext {
@@ -241,7 +249,33 @@ impl<'a> Exchange<'a> {
             asked_usage,
             expanded,
             call,
+            applied_edits,
         })))
+    }
+
+    /// Serves the context edits the client asks for, where Compactor serves them: applied to
+    /// the request in place, with what they cleared (`None`: the request asks for none, or the
+    /// provider serves them).
+    fn clear_context(
+        &self,
+        request: &mut dyn WireRequest,
+    ) -> Result<Option<Vec<AppliedEdit>>, ApiError> {
+        if !self.target.context_edits {
+            return Ok(None);
+        }
+        let Some(edits) = request.context_edits()? else {
+            return Ok(None);
+        };
+        Ok(Some(self.app.engine.clear_context(request, &edits)))
+    }
+
+    /// The client's headers as they go to the provider.
+    fn upstream_headers(&self) -> HeaderMap {
+        let mut headers = forwarded_headers(self.headers);
+        if self.target.context_edits {
+            context_edits::strip_served_betas(&mut headers);
+        }
+        headers
     }
 
     /// The token-counting path: parsed like any request (compaction items expanded, a trigger
@@ -249,11 +283,12 @@ impl<'a> Exchange<'a> {
     async fn count(&mut self, body: Body) -> Result<Response, ApiError> {
         refuse_encoded_body(self.headers)?;
         let bytes = self.read(body).await?;
-        let request = match self.parse(bytes, false).await? {
+        let mut request = match self.parse(bytes, false).await? {
             Parsed::Request(request, _) => request,
             Parsed::Answered(response) => return Ok(response),
             Parsed::ServerState(bytes) => return self.forward(bytes).await,
         };
+        let applied_edits = self.clear_context(request.as_mut())?;
         let request: Arc<dyn WireRequest> = Arc::from(request);
         let context = RequestContext {
             tenant: self.tenant.seed,
@@ -261,7 +296,19 @@ impl<'a> Exchange<'a> {
             ..RequestContext::default()
         };
         let rewritten = self.app.engine.through_checkpoint(&context, &request).await;
-        self.forward(rewritten).await
+        let response = self.forward(rewritten).await?;
+        let Some(applied) = applied_edits.filter(|_| response.status().is_success()) else {
+            return Ok(response);
+        };
+        let (mut parts, body) = response.into_parts();
+        parts.headers.remove(http::header::CONTENT_LENGTH);
+        let body = context_edits::annotate_count(
+            body.into_data_stream()
+                .map_err(std::io::Error::other)
+                .boxed(),
+            applied,
+        );
+        Ok(Response::from_parts(parts, Body::from_stream(body)))
     }
 
     async fn read(&mut self, body: Body) -> Result<Bytes, ApiError> {
@@ -359,7 +406,7 @@ impl<'a> Exchange<'a> {
 
     /// Sends `body` to the target with the client's headers and relays the answer as it comes.
     async fn forward(&mut self, body: impl Into<Bytes>) -> Result<Response, ApiError> {
-        let mut headers = forwarded_headers(self.headers);
+        let mut headers = self.upstream_headers();
         let mut call = self.call_span();
         call.propagate_into(&mut headers);
         let response = self
@@ -394,7 +441,7 @@ impl<'a> Exchange<'a> {
     /// Sends a prepared body and reads the start of the answer ([`probe`]), timing both as the
     /// provider's; the call's span is returned open, to end with the answer.
     async fn send(&mut self, body: Vec<u8>) -> Result<(UpstreamResponse, Probe, Span), ApiError> {
-        let mut headers = forwarded_headers(self.headers);
+        let mut headers = self.upstream_headers();
         // Bodies come back uncompressed so usage can be read from them.
         headers.remove(http::header::ACCEPT_ENCODING);
         let mut call = self.call_span();
@@ -462,6 +509,7 @@ impl<'a> Exchange<'a> {
             asked_usage,
             expanded,
             call,
+            applied_edits,
         } = served;
         let UpstreamResponse {
             status,
@@ -515,6 +563,18 @@ impl<'a> Exchange<'a> {
             // Read whole already: the spans end here.
             Some(bytes) => Body::from(bytes),
             None => {
+                let body = match applied_edits.filter(|_| status.is_success()) {
+                    Some(applied) => {
+                        headers.remove(http::header::CONTENT_LENGTH);
+                        let object = crate::dialect::anthropic::edits::applied_edits(&applied);
+                        if is_sse(&headers) {
+                            context_edits::annotate_stream(body, object)
+                        } else {
+                            context_edits::annotate_message(body, object)
+                        }
+                    }
+                    None => body,
+                };
                 let engine = app.engine.clone();
                 let model = request.model().to_string();
                 let counted = outcome.sent_raw_tokens;

@@ -20,6 +20,7 @@
 pub mod app;
 mod checkpoints;
 pub mod client_compaction;
+mod context_edits;
 mod conversations;
 pub mod error;
 mod exchange;

@@ -31,6 +31,7 @@ pub(super) async fn chat(
         upstream_path: "/chat/completions".into(),
         holds_server_state: None,
         client_compaction: false,
+        context_edits: false,
     };
     exchange::serve(&app, &tenant, &headers, body, target).await
 }
@@ -73,6 +74,7 @@ fn messages_target<'a>(app: &'a App, path: &'static str, uri: &Uri) -> Target<'a
         },
         holds_server_state: None,
         client_compaction: false,
+        context_edits: app.context_edits,
     }
 }
 
@@ -112,5 +114,6 @@ fn responses_target<'a>(app: &'a App, path: &'static str) -> Target<'a> {
         upstream_path: path.trim_start_matches("/v1").into(),
         holds_server_state: None,
         client_compaction: app.client_compaction.emulate,
+        context_edits: false,
     }
 }
