@@ -155,7 +155,7 @@ pub(super) fn carries_minted_item(bytes: &[u8]) -> bool {
 
 /// Summarizes the whole conversation of `request` (its compaction triggers left out) into one
 /// checkpoint, and the `compaction` item that stands for it, sealed for `tenant`.
-async fn compact_whole(
+pub(super) async fn compact_whole(
     app: &Arc<App>,
     tenant: &Tenant,
     headers: &HeaderMap,

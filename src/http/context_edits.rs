@@ -64,11 +64,11 @@ fn with_field(object: &[u8], key: &str, value: &Value) -> Option<Vec<u8>> {
     ))
 }
 
-/// A whole JSON answer with `context_management` set to what `make` writes from the answer's
-/// fields. An answer that is not an object, or too large, goes on unchanged.
-pub(super) fn annotate_json(
+/// A whole answer through `rewrite`, once all of it arrived; one too large to hold goes on
+/// unchanged.
+pub(super) fn map_whole(
     body: ByteStream,
-    make: impl FnOnce(&Fields) -> Value + Send + 'static,
+    rewrite: impl FnOnce(Bytes) -> Bytes + Send + 'static,
 ) -> ByteStream {
     let whole = async move {
         let mut body = body;
@@ -82,11 +82,7 @@ pub(super) fn annotate_json(
                 return Ok::<_, std::io::Error>(head.chain(body).boxed());
             }
         }
-        let held = held.freeze();
-        let annotated = splice::top_level_fields(&held)
-            .ok()
-            .and_then(|fields| with_field(&held, edits::FIELD, &make(&fields)));
-        let out = annotated.map_or(held, Bytes::from);
+        let out = rewrite(held.freeze());
         Ok(futures::stream::once(async move { Ok(out) }).boxed())
     };
     futures::stream::once(whole)
@@ -95,6 +91,20 @@ pub(super) fn annotate_json(
             Err(e) => futures::stream::once(async move { Err(e) }).boxed(),
         })
         .boxed()
+}
+
+/// A whole JSON answer with `context_management` set to what `make` writes from the answer's
+/// fields. An answer that is not an object, or too large, goes on unchanged.
+pub(super) fn annotate_json(
+    body: ByteStream,
+    make: impl FnOnce(&Fields) -> Value + Send + 'static,
+) -> ByteStream {
+    map_whole(body, move |held| {
+        let annotated = splice::top_level_fields(&held)
+            .ok()
+            .and_then(|fields| with_field(&held, edits::FIELD, &make(&fields)));
+        annotated.map_or(held, Bytes::from)
+    })
 }
 
 /// A Messages answer with `context_management: {"applied_edits": …}`.
@@ -118,18 +128,27 @@ pub(super) fn annotate_count(
 }
 
 /// A Messages stream whose `message_delta` events carry `context_management`. Other events
-/// pass as they came; events are held only until complete.
+/// pass as they came.
 pub(super) fn annotate_stream(body: ByteStream, applied_edits: Value) -> ByteStream {
-    struct Reading {
+    map_events(body, move |event| annotated_event(event, &applied_edits))
+}
+
+/// An SSE stream with each complete event through `rewrite`; events are held only until
+/// complete, and a last one without its blank line goes on as it is.
+pub(super) fn map_events(
+    body: ByteStream,
+    rewrite: impl FnMut(&[u8]) -> Vec<u8> + Send + 'static,
+) -> ByteStream {
+    struct Reading<F> {
         body: ByteStream,
         pending: BytesMut,
-        applied_edits: Value,
+        rewrite: F,
         done: bool,
     }
     let start = Reading {
         body,
         pending: BytesMut::new(),
-        applied_edits,
+        rewrite,
         done: false,
     };
     futures::stream::unfold(start, |mut reading| async move {
@@ -143,7 +162,7 @@ pub(super) fn annotate_stream(body: ByteStream, applied_edits: Value) -> ByteStr
                     let mut out = Vec::new();
                     while let Some(end) = event_end(&reading.pending) {
                         let event = reading.pending.split_to(end);
-                        out.extend_from_slice(&annotated_event(&event, &reading.applied_edits));
+                        out.extend_from_slice(&(reading.rewrite)(&event));
                     }
                     if out.is_empty() {
                         continue;
@@ -155,7 +174,6 @@ pub(super) fn annotate_stream(body: ByteStream, applied_edits: Value) -> ByteStr
                     return Some((Err(e), reading));
                 }
                 None => {
-                    // A last event without its blank line goes on as it is.
                     reading.done = true;
                     if reading.pending.is_empty() {
                         return None;

@@ -31,6 +31,7 @@ use super::probe::{is_sse, probe, Probe};
 use super::spans;
 use super::stream;
 use super::tenant::Tenant;
+use super::threshold_compaction::{self, AtThreshold};
 use crate::compaction::{Mode, Outcome, RequestContext};
 use crate::dialect::responses::request::ResponsesRequest;
 use crate::dialect::{AppliedEdit, Dialect, Overflow, WireRequest};
@@ -79,9 +80,9 @@ struct Exchange<'a> {
 
 /// What a body became once read.
 enum Parsed {
-    /// A request to serve, and the id of the checkpoint whose summary stands in it when the
-    /// client brought a compaction item back.
-    Request(Box<dyn WireRequest>, Option<String>),
+    /// A request to serve, the id of the checkpoint whose summary stands in it when the
+    /// client brought a compaction item back, and what its threshold compaction made.
+    Request(Box<dyn WireRequest>, Option<String>, AtThreshold),
     /// Answered without the provider (a compaction the client asked for).
     Answered(Response),
     /// It relies on state the provider holds: forwarded as it came.
@@ -103,6 +104,8 @@ struct Served {
     call: Span,
     /// What the context edits Compactor served cleared, reported in the answer.
     applied_edits: Option<Vec<AppliedEdit>>,
+    /// The compaction item made at the request's `compact_threshold`, first in the answer.
+    compaction_item: Option<serde_json::Value>,
 }
 
 /// How an exchange ends.
@@ -182,8 +185,8 @@ impl<'a> Exchange<'a> {
         let instructions = instructions(self.headers)?;
         let mode = mode(self.headers)?;
         let bytes = self.read(body).await?;
-        let (mut request, expanded) = match self.parse(bytes, true).await? {
-            Parsed::Request(request, expanded) => (request, expanded),
+        let (mut request, expanded, at_threshold) = match self.parse(bytes, true).await? {
+            Parsed::Request(request, expanded, at_threshold) => (request, expanded, at_threshold),
             Parsed::Answered(response) => return Ok(Ending::Answered(response)),
             Parsed::ServerState(bytes) => return self.forward_untouched(bytes).await,
         };
@@ -206,6 +209,17 @@ impl<'a> Exchange<'a> {
         if let Some(report) = &outcome.summary {
             spans::summary(&self.span, report);
         }
+        let compaction_item = match at_threshold {
+            AtThreshold::Compacted(item) => Some(item),
+            AtThreshold::Failed => {
+                outcome.status = Some(crate::compaction::Status::Failed {
+                    reason: "compact-threshold".into(),
+                    fallback: "original",
+                });
+                None
+            }
+            AtThreshold::Under => None,
+        };
         let (mut response, mut probe, mut call) = self.send(prepared.body).await?;
         let worth_a_retry = |overflow: &Overflow| {
             // An overflow in the provider's own shape is believed; one that only has the words
@@ -250,6 +264,7 @@ impl<'a> Exchange<'a> {
             expanded,
             call,
             applied_edits,
+            compaction_item,
         })))
     }
 
@@ -284,7 +299,7 @@ impl<'a> Exchange<'a> {
         refuse_encoded_body(self.headers)?;
         let bytes = self.read(body).await?;
         let mut request = match self.parse(bytes, false).await? {
-            Parsed::Request(request, _) => request,
+            Parsed::Request(request, _, _) => request,
             Parsed::Answered(response) => return Ok(response),
             Parsed::ServerState(bytes) => return self.forward(bytes).await,
         };
@@ -329,7 +344,7 @@ impl<'a> Exchange<'a> {
                 match self.server_state(parsed, |r| r.uses_server_state(), &bytes)? {
                     Ok(request) => {
                         check_model_name(request.model())?;
-                        Parsed::Request(request, None)
+                        Parsed::Request(request, None, AtThreshold::Under)
                     }
                     Err(bytes) => Parsed::ServerState(bytes),
                 },
@@ -359,14 +374,33 @@ impl<'a> Exchange<'a> {
             return Ok(Parsed::ServerState(bytes));
         }
         check_model_name(request.model())?;
+        let last_minted = request.minted_compactions().last().map(|(index, _)| *index);
         let intercepted = client_compaction::intercept(self.app, self.tenant, request).await?;
         Ok(match intercepted {
             Intercepted::Trigger(request) if answer_trigger => Parsed::Answered(
                 client_compaction::answer_trigger(self.app, self.tenant, self.headers, request)
                     .await?,
             ),
-            Intercepted::Trigger(request) => Parsed::Request(Box::new(request), None),
-            Intercepted::Forward(request, expanded) => Parsed::Request(Box::new(request), expanded),
+            Intercepted::Trigger(mut request) => {
+                request.remove_context_management();
+                Parsed::Request(Box::new(request), None, AtThreshold::Under)
+            }
+            Intercepted::Forward(mut request, expanded) if answer_trigger => {
+                let at_threshold = threshold_compaction::serve(
+                    self.app,
+                    self.tenant,
+                    self.headers,
+                    &mut request,
+                    last_minted,
+                )
+                .await?;
+                Parsed::Request(Box::new(request), expanded, at_threshold)
+            }
+            Intercepted::Forward(mut request, expanded) => {
+                request.compact_threshold()?;
+                request.remove_context_management();
+                Parsed::Request(Box::new(request), expanded, AtThreshold::Under)
+            }
         })
     }
 
@@ -510,6 +544,7 @@ impl<'a> Exchange<'a> {
             expanded,
             call,
             applied_edits,
+            compaction_item,
         } = served;
         let UpstreamResponse {
             status,
@@ -572,6 +607,13 @@ impl<'a> Exchange<'a> {
                         } else {
                             context_edits::annotate_message(body, object)
                         }
+                    }
+                    None => body,
+                };
+                let body = match compaction_item.filter(|_| status.is_success()) {
+                    Some(item) => {
+                        headers.remove(http::header::CONTENT_LENGTH);
+                        threshold_compaction::answer_with_item(body, is_sse(&headers), item)
                     }
                     None => body,
                 };

@@ -39,6 +39,7 @@ mod spans;
 mod status;
 pub mod stream;
 pub mod tenant;
+mod threshold_compaction;
 mod ui;
 
 use std::sync::Arc;

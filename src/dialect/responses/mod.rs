@@ -12,6 +12,7 @@
 //! reference to a checkpoint; [`answers`] writes those replies.
 
 pub mod answers;
+pub mod context;
 pub mod items;
 pub mod request;
 pub mod sealed;

@@ -24,7 +24,7 @@ const TOKENS_PER_ITEM: u64 = 4;
 #[derive(Debug)]
 pub struct ResponsesRequest {
     /// Top-level fields in arrival order, values untouched.
-    fields: Fields,
+    pub(super) fields: Fields,
     /// The body exactly as it arrived.
     original: Vec<u8>,
     settings: CallSettings,
@@ -134,7 +134,7 @@ impl ResponsesRequest {
     /// After the items changed: their roles, and the body as the client would have sent it
     /// (`input` in [`ResponsesRequest::fields`] keeps its old bytes; it is always replaced when
     /// written).
-    fn items_changed(&mut self) {
+    pub(super) fn items_changed(&mut self) {
         self.roles = items::roles(&self.items);
         self.original = self.with_input(self.items.iter().map(|i| &*i.raw));
     }
