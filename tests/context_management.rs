@@ -292,6 +292,11 @@ async fn an_edit_compactor_does_not_know_is_refused_in_anthropics_shape() {
         let message = error["error"]["message"].as_str().unwrap();
         assert!(message.starts_with(param), "{message}");
     }
+    let mut on_demand = request(&tool_loop(1, 5), &json!({"edits": []}));
+    on_demand["compaction"] = json!({"type": "summarize"});
+    let reply = post(&proxy, "/v1/messages", &on_demand).await;
+    assert_eq!(reply.status, 400, "{}", reply.body);
+    assert_eq!(reply.json()["error"]["type"], "invalid_request_error");
     assert!(mock.forwarded().is_empty(), "nothing reached the provider");
 }
 
