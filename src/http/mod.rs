@@ -8,7 +8,10 @@
 //!   phase that logs and counts; [`probe`] reads the start of an answer for an overflow,
 //!   [`stream`] watches answers for `usage` on the way back, [`spans`] writes its trace;
 //! - [`client_compaction`]: the compaction a Responses client asks for, when Compactor answers
-//!   it, and the items it minted coming back;
+//!   it, and the items it minted coming back; [`threshold_compaction`]: the same made at a
+//!   Responses `context_management` threshold;
+//! - [`context_edits`]: the context edits a Messages client asks for, when Compactor serves
+//!   them (beta flags taken off, `context_management` added to answers);
 //! - [`passthrough`]: everything else under `/v1/`;
 //! - [`status`] (health, readiness, metrics) and [`checkpoints`] (the checkpoint API);
 //! - [`conversations`] (each request's row in its conversation's timeline, and the endpoints

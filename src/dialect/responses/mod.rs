@@ -9,7 +9,8 @@
 //!
 //! Compaction requested by the client (`/responses/compact`, an `input` ending in
 //! `compaction_trigger`) is answered with a `compaction` item whose content is a [`sealed`]
-//! reference to a checkpoint; [`answers`] writes those replies.
+//! reference to a checkpoint; [`answers`] writes those replies. [`context`] reads the request's
+//! own `context_management` threshold and puts such an item first in an answer's output.
 
 pub mod answers;
 pub mod context;
