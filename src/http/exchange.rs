@@ -27,6 +27,7 @@ use super::headers::{
 };
 use super::limits::{check_model_name, BodyBudget};
 use super::log::Escaped;
+use super::messages_compaction;
 use super::probe::{is_sse, probe, Probe};
 use super::spans;
 use super::stream;
@@ -338,6 +339,22 @@ impl<'a> Exchange<'a> {
     /// and, with `answer_trigger`, an input ending in a compaction trigger is answered. A model
     /// name beyond its bound is refused here, before the request is counted or forwarded.
     async fn parse(&self, bytes: Bytes, answer_trigger: bool) -> Result<Parsed, ApiError> {
+        if self.target.context_edits {
+            let read = messages_compaction::read(
+                self.app,
+                self.tenant,
+                self.headers,
+                &bytes,
+                answer_trigger,
+            )
+            .await?;
+            return Ok(match read {
+                messages_compaction::Read::Request(request, expanded) => {
+                    Parsed::Request(Box::new(request), expanded, AtThreshold::Under)
+                }
+                messages_compaction::Read::Answered(response) => Parsed::Answered(response),
+            });
+        }
         if !self.target.client_compaction {
             let parsed = self.target.dialect.parse(&bytes);
             return Ok(

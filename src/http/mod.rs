@@ -12,6 +12,7 @@
 //!   Responses `context_management` threshold;
 //! - [`context_edits`]: the context edits a Messages client asks for, when Compactor serves
 //!   them (beta flags taken off, `context_management` added to answers);
+//!   [`messages_compaction`]: its on-demand compaction, and the blocks that come back;
 //! - [`passthrough`]: everything else under `/v1/`;
 //! - [`status`] (health, readiness, metrics) and [`checkpoints`] (the checkpoint API);
 //! - [`conversations`] (each request's row in its conversation's timeline, and the endpoints
@@ -31,6 +32,7 @@ pub mod gateway_keys;
 mod headers;
 pub mod limits;
 pub mod log;
+mod messages_compaction;
 pub mod parse_error_bodies;
 mod passthrough;
 pub mod path;

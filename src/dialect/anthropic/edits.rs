@@ -25,9 +25,6 @@ use crate::tokenizer::Encoding;
 /// The request field that asks for context edits.
 pub const FIELD: &str = "context_management";
 
-/// The request field that asks for a compaction now.
-const ON_DEMAND_COMPACTION: &str = "compaction";
-
 /// Anthropic's defaults: clear once the prompt passes 100,000 tokens, keep the 3 newest tool
 /// uses; keep the newest assistant turn's thinking.
 const DEFAULT_TRIGGER_TOKENS: u64 = 100_000;
@@ -39,18 +36,6 @@ const CLEAR_THINKING: &str = "clear_thinking_20251015";
 
 /// The edits the body asks for, or `None` when it has no `context_management`.
 pub fn read(request: &MessagesRequest) -> Result<Option<ContextEdits>, RequestError> {
-    // On-demand compaction (beta `compact-2026-09-04`) is not served yet: refused rather than
-    // forwarded to a provider that would ignore it.
-    if request
-        .fields
-        .get(ON_DEMAND_COMPACTION)
-        .is_some_and(|raw| raw.get().trim() != "null")
-    {
-        return Err(RequestError::ContextEdit {
-            param: ON_DEMAND_COMPACTION.into(),
-            reason: "on-demand compaction is not served by Compactor for this upstream".into(),
-        });
-    }
     let Some(raw) = request.fields.get(FIELD) else {
         return Ok(None);
     };

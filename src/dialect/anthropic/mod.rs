@@ -10,8 +10,9 @@
 //!
 //! [`parse`] reads and validates a body, [`wire`] writes errors and summary requests in
 //! Messages form and reads answers and `usage` back, [`edits`] reads and writes Anthropic's
-//! context editing for when the proxy serves it.
+//! context editing and [`compaction`] its on-demand compaction, for when the proxy serves them.
 
+pub mod compaction;
 pub mod edits;
 pub mod parse;
 pub mod wire;

@@ -1,0 +1,157 @@
+//! Anthropic's on-demand compaction (beta `compact-2026-09-04`: a top-level
+//! `"compaction": {"type": "summarize", "instructions": …}`) when the proxy serves it: the
+//! request read (anything else refused), the answer written (the `compaction` block alone,
+//! `stop_reason: "compaction"`, whole or streamed), and the blocks a client sends back found
+//! and replaced by the summary they stand for. What the block's `signature` holds, and whether
+//! it is genuine, is the proxy's business, not the dialect's.
+
+use serde_json::{json, Value};
+
+use super::parse::{Author, MessagesRequest};
+use super::wire::summary_message;
+use crate::dialect::splice::to_raw;
+use crate::dialect::RequestError;
+
+/// The request field.
+pub const FIELD: &str = "compaction";
+
+/// What an on-demand compaction asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OnDemand {
+    /// Instructions for the summary; `None` when absent, empty or only whitespace.
+    pub instructions: Option<String>,
+}
+
+/// A `compaction` block in a request: where it stands and what it carries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SentBack {
+    pub message: usize,
+    pub block: usize,
+    pub content: Option<String>,
+    pub signature: Option<String>,
+}
+
+/// The on-demand compaction the body asks for, if it asks for one.
+pub fn on_demand(request: &MessagesRequest) -> Result<Option<OnDemand>, RequestError> {
+    let Some(raw) = request.fields.get(FIELD) else {
+        return Ok(None);
+    };
+    let refused = |param: &str, reason: &str| RequestError::ContextEdit {
+        param: param.to_string(),
+        reason: reason.to_string(),
+    };
+    let value: Value = serde_json::from_str(raw.get()).unwrap_or(Value::Null);
+    let config = match value {
+        Value::Null => return Ok(None),
+        Value::Object(config) => config,
+        _ => return Err(refused(FIELD, "expected an object")),
+    };
+    if let Some(extra) = config
+        .keys()
+        .find(|k| !["type", "instructions"].contains(&k.as_str()))
+    {
+        return Err(refused(&format!("{FIELD}.{extra}"), "unknown field"));
+    }
+    if config.get("type").and_then(Value::as_str) != Some("summarize") {
+        return Err(refused(&format!("{FIELD}.type"), "expected \"summarize\""));
+    }
+    let instructions = match config.get("instructions") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(text)) => Some(text.trim().to_string()).filter(|t| !t.is_empty()),
+        Some(_) => {
+            return Err(refused(
+                &format!("{FIELD}.instructions"),
+                "expected a string",
+            ))
+        }
+    };
+    Ok(Some(OnDemand { instructions }))
+}
+
+/// Takes the on-demand compaction off the body (for a request only counted).
+pub fn remove_on_demand(request: &mut MessagesRequest) {
+    request.fields.shift_remove(FIELD);
+}
+
+/// Every `compaction` block of the request, in order.
+pub fn sent_back(request: &MessagesRequest) -> Vec<SentBack> {
+    let mut found = Vec::new();
+    for (m, message) in request.messages.iter().enumerate() {
+        for (b, block) in message.blocks.iter().enumerate() {
+            if block.get("type").and_then(Value::as_str) != Some("compaction") {
+                continue;
+            }
+            let text = |field: &str| block.get(field).and_then(Value::as_str).map(str::to_string);
+            found.push(SentBack {
+                message: m,
+                block: b,
+                content: text("content"),
+                signature: text("signature"),
+            });
+        }
+    }
+    found
+}
+
+/// Replaces the first message, which opens with a compaction block, by the summary the block
+/// stands for (as a user message), keeping what else it held as a message of its own.
+pub fn expand_first(request: &mut MessagesRequest, summary: &str) -> Result<(), RequestError> {
+    let Some(first) = request.messages.first() else {
+        return Ok(());
+    };
+    let role = match first.role {
+        Author::Assistant => "assistant",
+        Author::User => "user",
+        Author::System => "system",
+    };
+    let rest: Vec<Value> = first.blocks.iter().skip(1).cloned().collect();
+    let mut raws = vec![to_raw(&summary_message(summary))];
+    if !rest.is_empty() {
+        raws.push(to_raw(&json!({"role": role, "content": rest})));
+    }
+    raws.extend(request.messages.iter().skip(1).map(|m| m.raw.clone()));
+    let body = request.to_body(raws.iter().map(|r| &**r));
+    *request = MessagesRequest::parse(&body)?;
+    Ok(())
+}
+
+/// The answer to an on-demand compaction: the `compaction` block alone, whole or as the
+/// events of a stream.
+pub fn answer(
+    model: &str,
+    id: &str,
+    summary: &str,
+    signature: &str,
+    input_tokens: u64,
+    stream: bool,
+) -> Vec<u8> {
+    let usage = json!({"input_tokens": input_tokens, "output_tokens": 0,
+                       "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0});
+    let block = json!({"type": "compaction", "content": summary, "signature": signature});
+    let message = |content: Value, stop: Value| {
+        json!({"id": format!("msg_{id}"), "type": "message", "role": "assistant", "model": model,
+               "content": content, "stop_reason": stop, "stop_sequence": null, "usage": usage})
+    };
+    if !stream {
+        return message(json!([block]), json!("compaction"))
+            .to_string()
+            .into_bytes();
+    }
+    let events = [
+        json!({"type": "message_start", "message": message(json!([]), Value::Null)}),
+        json!({"type": "content_block_start", "index": 0,
+               "content_block": {"type": "compaction", "content": null, "signature": signature}}),
+        json!({"type": "content_block_delta", "index": 0,
+               "delta": {"type": "compaction_delta", "content": summary}}),
+        json!({"type": "content_block_stop", "index": 0}),
+        json!({"type": "message_delta", "delta": {"stop_reason": "compaction", "stop_sequence": null},
+               "usage": {"output_tokens": 0}}),
+        json!({"type": "message_stop"}),
+    ];
+    let mut out = String::new();
+    for event in events {
+        let kind = event["type"].as_str().unwrap_or_default().to_string();
+        out.push_str(&format!("event: {kind}\ndata: {event}\n\n"));
+    }
+    out.into_bytes()
+}
