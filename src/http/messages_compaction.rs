@@ -150,14 +150,14 @@ async fn answer_on_demand(
         .sealer
         .seal(&tenant.seed, &checkpoint.id);
     let summary = app.engine.summary_text(&checkpoint);
-    let body = compaction::answer(
-        &model,
-        &checkpoint.id,
-        &summary,
-        &sealed,
-        checkpoint.tokens_before,
-        stream,
-    );
+    let issued = compaction::Issued {
+        model: &model,
+        id: &checkpoint.id,
+        summary: &summary,
+        signature: &sealed,
+        input_tokens: checkpoint.tokens_before,
+    };
+    let body = compaction::answer(issued, stream);
     let content_type = if stream {
         "text/event-stream"
     } else {

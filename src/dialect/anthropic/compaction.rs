@@ -115,16 +115,27 @@ pub fn expand_first(request: &mut MessagesRequest, summary: &str) -> Result<(), 
     Ok(())
 }
 
+/// A compaction block as issued: for which model, under which id, its summary and signature,
+/// and the size of the conversation it stands for.
+#[derive(Debug, Clone, Copy)]
+pub struct Issued<'a> {
+    pub model: &'a str,
+    pub id: &'a str,
+    pub summary: &'a str,
+    pub signature: &'a str,
+    pub input_tokens: u64,
+}
+
 /// The answer to an on-demand compaction: the `compaction` block alone, whole or as the
 /// events of a stream.
-pub fn answer(
-    model: &str,
-    id: &str,
-    summary: &str,
-    signature: &str,
-    input_tokens: u64,
-    stream: bool,
-) -> Vec<u8> {
+pub fn answer(issued: Issued<'_>, stream: bool) -> Vec<u8> {
+    let Issued {
+        model,
+        id,
+        summary,
+        signature,
+        input_tokens,
+    } = issued;
     let usage = json!({"input_tokens": input_tokens, "output_tokens": 0,
                        "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0});
     let block = json!({"type": "compaction", "content": summary, "signature": signature});
