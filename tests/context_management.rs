@@ -293,10 +293,16 @@ async fn an_edit_compactor_does_not_know_is_refused_in_anthropics_shape() {
         assert!(message.starts_with(param), "{message}");
     }
     let mut on_demand = request(&tool_loop(1, 5), &json!({"edits": []}));
-    on_demand["compaction"] = json!({"type": "summarize"});
+    // An on-demand compaction of a kind Anthropic does not define either.
+    on_demand["compaction"] = json!({"type": "everything"});
     let reply = post(&proxy, "/v1/messages", &on_demand).await;
     assert_eq!(reply.status, 400, "{}", reply.body);
     assert_eq!(reply.json()["error"]["type"], "invalid_request_error");
+    let message = reply.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(message.starts_with("compaction.type"), "{message}");
     assert!(mock.forwarded().is_empty(), "nothing reached the provider");
 }
 
