@@ -89,6 +89,7 @@ async fn expand(
     let id = app
         .client_compaction
         .sealer
+        .current()
         .open(&tenant.seed, signature)
         .map_err(|e| refused(format!("the compaction block's signature is invalid: {e}")))?;
     let checkpoint = app
@@ -148,6 +149,7 @@ async fn answer_on_demand(
     let sealed = app
         .client_compaction
         .sealer
+        .current()
         .seal(&tenant.seed, &checkpoint.id);
     let summary = app.engine.summary_text(&checkpoint);
     let issued = compaction::Issued {
