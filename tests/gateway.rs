@@ -54,6 +54,25 @@ impl SharedRedis {
             SharedRedis::Cluster(cluster) => cluster.restart(1),
         }
     }
+
+    /// Empties every server while it keeps running (`FLUSHALL`; on a cluster, what a failover
+    /// to replicas that had not caught up loses).
+    async fn flush(&self) {
+        let urls = match self {
+            SharedRedis::Single(server) => vec![server.url()],
+            SharedRedis::Cluster(cluster) => {
+                (0..cluster.len()).map(|i| cluster.node_url(i)).collect()
+            }
+        };
+        for url in urls {
+            let client = redis::Client::open(url).unwrap();
+            let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+            redis::cmd("FLUSHALL")
+                .query_async::<()>(&mut connection)
+                .await
+                .unwrap();
+        }
+    }
 }
 
 /// Runs a gateway test once against a single Redis server and once against a Redis Cluster.
@@ -208,6 +227,70 @@ async fn requests_survive_a_redis_outage_and_sharing_resumes(mut redis: SharedRe
         "sharing resumed without a restart"
     );
     assert_eq!(mock.summaries().len(), summaries + 1);
+}
+
+/// Waits until `proxy` reports its store `status` (`ready` or `degraded`) on `/readyz`.
+async fn store_status(proxy: &Proxy, status: &str) {
+    eventually(&format!("the store to be {status}"), async || {
+        let ready = common::get_json(&format!("{}/readyz", proxy.url()), None).await;
+        ready["status"] == status
+    })
+    .await;
+}
+
+on_single_and_cluster!(checkpoints_redis_lost_are_written_back_instead_of_summarized_again);
+async fn checkpoints_redis_lost_are_written_back_instead_of_summarized_again(
+    mut redis: SharedRedis,
+) {
+    let mock = start_mock().await;
+    let (a, b) = gateway(&mock, &redis).await;
+    let mut body = conversation("lost", 14);
+    let first = send(&a, &body).await;
+    let id = first
+        .header("x-compactor-checkpoint")
+        .expect("compacted on the first replica")
+        .to_string();
+    assert_eq!(mock.summaries().len(), 1);
+
+    // Emptied while running: A still has the checkpoint, and writes it back; B, which never
+    // saw it, then finds it in Redis.
+    redis.flush().await;
+    body = with_turn(&body, "after the flush");
+    let through_a = send(&a, &body).await;
+    assert_eq!(
+        through_a.header("x-compactor-checkpoint"),
+        Some(id.as_str())
+    );
+    assert_eq!(through_a.header("x-compactor-store"), None);
+    body = with_turn(&body, "and on the other replica");
+    let through_b = send(&b, &body).await;
+    assert_eq!(
+        through_b.header("x-compactor-checkpoint"),
+        Some(id.as_str())
+    );
+    assert_eq!(mock.summaries().len(), 1, "no summary after the flush");
+
+    // Restarted empty (without persistence; on a cluster, one master): once both replicas are
+    // sharing again, the same.
+    redis.stop();
+    store_status(&a, "degraded").await;
+    store_status(&b, "degraded").await;
+    redis.restart();
+    store_status(&a, "ready").await;
+    store_status(&b, "ready").await;
+    body = with_turn(&body, "after the restart");
+    let through_a = send(&a, &body).await;
+    assert_eq!(
+        through_a.header("x-compactor-checkpoint"),
+        Some(id.as_str())
+    );
+    body = with_turn(&body, "and on the other replica again");
+    let through_b = send(&b, &body).await;
+    assert_eq!(
+        through_b.header("x-compactor-checkpoint"),
+        Some(id.as_str())
+    );
+    assert_eq!(mock.summaries().len(), 1, "no summary after the restart");
 }
 
 #[tokio::test]

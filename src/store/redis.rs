@@ -7,12 +7,14 @@
 //! previous layout.
 //!
 //! Redis being down never makes a request fail or wait: see [`degraded`] for how calls are
-//! bounded, served locally while Redis is away, and copied over when it returns.
+//! bounded, served locally while Redis is away, and copied over when it returns. Redis losing
+//! what it held (a restart, a flush, a failover) costs no summary either: see [`write_back`].
 
 mod connection;
 mod degraded;
 mod layout;
 mod timeline;
+mod write_back;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
@@ -209,7 +211,8 @@ impl CheckpointStore for RedisStore {
             .await;
         match bodies {
             Some(bodies) => {
-                let list = Arc::new(layout::arrange(&bodies, s.ttl)?);
+                let stored = layout::arrange(&bodies, s.ttl)?;
+                let list = Arc::new(s.with_lost_restored(anchor, stored).await);
                 if list.is_empty() {
                     s.conversations.remove(anchor);
                 } else {
@@ -243,11 +246,8 @@ impl CheckpointStore for RedisStore {
             })
             .await;
         match body {
-            Some(body) => Ok(body
-                .as_deref()
-                .map(layout::decode)
-                .transpose()?
-                .filter(|c| is_fresh(c, s.ttl))),
+            Some(None) => Ok(s.restore_lost(id).await),
+            Some(Some(body)) => Ok(Some(layout::decode(&body)?).filter(|c| is_fresh(c, s.ttl))),
             None => Ok(s
                 .conversations
                 .iter()

@@ -140,6 +140,70 @@ async fn checkpoints_in_the_previous_layout_are_found_and_moved() {
     assert_eq!(other.get(&old[0].id).await.unwrap(), Some(old[0].clone()));
 }
 
+#[tokio::test]
+async fn checkpoints_redis_lost_are_written_back_from_a_replicas_copy() {
+    let server = RedisServer::start();
+    let ttl = Duration::from_secs(3600);
+    let writer = RedisStore::open(&server.url(), ttl).await.unwrap();
+    let reader = RedisStore::open(&server.url(), ttl).await.unwrap();
+    let now = crate::store::now_ms();
+    let (older, newer) = (sample("a", 4, now), sample("a", 9, now + 1));
+    writer.put(&older).await.unwrap();
+    writer.put(&newer).await.unwrap();
+    let other = sample("b", 3, now);
+    writer.put(&other).await.unwrap();
+
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut raw = client.get_multiplexed_async_connection().await.unwrap();
+    redis::cmd("FLUSHALL")
+        .query_async::<()>(&mut raw)
+        .await
+        .unwrap();
+    assert!(reader.for_anchor("a").await.unwrap().is_empty());
+    assert_eq!(
+        *writer.for_anchor("a").await.unwrap(),
+        vec![newer.clone(), older.clone()],
+        "served from the copy"
+    );
+    assert!(writer.healthy());
+    assert_eq!(
+        *reader.for_anchor("a").await.unwrap(),
+        vec![newer, older],
+        "and written back for every replica"
+    );
+    // Found by id alone too.
+    assert_eq!(reader.get(&other.id).await.unwrap(), None);
+    assert_eq!(writer.get(&other.id).await.unwrap(), Some(other.clone()));
+    assert_eq!(reader.get(&other.id).await.unwrap(), Some(other));
+}
+
+#[tokio::test]
+async fn a_checkpoint_trimmed_by_another_replica_is_not_written_back() {
+    let server = RedisServer::start();
+    let ttl = Duration::from_secs(3600);
+    let stale = RedisStore::open(&server.url(), ttl).await.unwrap();
+    let busy = RedisStore::open(&server.url(), ttl).await.unwrap();
+    let now = crate::store::now_ms();
+    let first = sample("c", 1, now);
+    stale.put(&first).await.unwrap();
+    for covered in 2..=(CHECKPOINTS_PER_CONVERSATION + 1) {
+        busy.put(&sample("c", covered, now + covered as u64))
+            .await
+            .unwrap();
+    }
+    let list = stale.for_anchor("c").await.unwrap();
+    assert_eq!(list.len(), CHECKPOINTS_PER_CONVERSATION);
+    assert!(
+        list.iter().all(|c| c.id != first.id),
+        "trimmed stays trimmed"
+    );
+    assert_eq!(stale.get(&first.id).await.unwrap(), None);
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut raw = client.get_multiplexed_async_connection().await.unwrap();
+    let kept: usize = raw.hlen("compactor:{c}:checkpoints").await.unwrap();
+    assert_eq!(kept, CHECKPOINTS_PER_CONVERSATION);
+}
+
 /// Quick timing against the SQLite store (µs per call, averaged over 1000 calls):
 /// `cargo test --release --lib store::redis::tests::latency -- --ignored --nocapture`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
