@@ -1,6 +1,8 @@
 //! One summary per conversation at a time, across replicas: a lease in the store names the job
 //! (replica, attempt, the prefix it summarizes); others wait for its checkpoint when it covers a
-//! prefix of theirs. Also the backoff guard, which stops compacting, for a while that grows with
+//! prefix of theirs, and whoever takes the lease reads the store again before summarizing (what
+//! it read before may predate a checkpoint stored by the job that held the lease last). Also the
+//! backoff guard, which stops compacting, for a while that grows with
 //! each further failure, conversations whose compactions fail or free nothing.
 
 use std::sync::atomic::Ordering;
@@ -68,14 +70,19 @@ impl Engine {
                     base,
                     plan,
                     trigger,
-                    lease_key,
+                    lease_key: lease_key.clone(),
                     holder,
                     deadline,
                 };
-                return self
-                    .summarize_detached(conversation, job)
-                    .await
-                    .map(|cp| (cp, true));
+                match self.summarize_detached(conversation, job).await? {
+                    Leased::Written(cp) => return Ok((cp, true)),
+                    Leased::Found(cp) if self.enough(conversation, &cp) => return Ok((cp, false)),
+                    // Another replica's checkpoint helps but is not enough: extend it.
+                    Leased::Found(cp) => {
+                        base = Some(cp);
+                        continue;
+                    }
+                }
             }
             // Someone else is summarizing this conversation. Wait for their result if it is a
             // prefix of ours; an edited history (a job on another prefix) does not wait.
@@ -111,27 +118,8 @@ impl Engine {
                     return Err(SummaryError::Timeout);
                 }
                 tokio::time::sleep(WAIT_POLL.min(deadline - now)).await;
-                let fresh = self
-                    .store
-                    .for_anchor(&identity::hex(&anchor))
-                    .await
-                    .ok()
-                    .and_then(|list| {
-                        list.iter()
-                            .find(|c| {
-                                matches_prefix(c, &conversation.chain)
-                                    && c.covered > base.as_ref().map_or(0, |b| b.covered)
-                            })
-                            .cloned()
-                    });
-                if let Some(cp) = fresh {
-                    let view = self.view(conversation, Some(&cp));
-                    let enough = match conversation.context.mode {
-                        Mode::Force => true,
-                        Mode::Whole => covers_all(&cp, conversation),
-                        Mode::Auto | Mode::Off => self.fits(conversation, &view),
-                    };
-                    if enough {
+                if let Some(cp) = self.newer_checkpoint(conversation, base.as_ref()).await {
+                    if self.enough(conversation, &cp) {
                         return Ok((cp, false));
                     }
                     // Their checkpoint helps but is not enough: extend it.
@@ -152,31 +140,71 @@ impl Engine {
         }
     }
 
+    /// The newest stored checkpoint that matches the conversation and covers more than `base`:
+    /// one written since `base` was read.
+    async fn newer_checkpoint(
+        &self,
+        conversation: &Conversation,
+        base: Option<&Checkpoint>,
+    ) -> Option<Checkpoint> {
+        let anchor = identity::hex(&conversation.anchor?);
+        let list = self.store.for_anchor(&anchor).await.ok()?;
+        list.iter()
+            .find(|c| {
+                matches_prefix(c, &conversation.chain) && c.covered > base.map_or(0, |b| b.covered)
+            })
+            .cloned()
+    }
+
+    /// Whether another request's checkpoint serves this one, so that it needs no summary of
+    /// its own.
+    fn enough(&self, conversation: &Conversation, checkpoint: &Checkpoint) -> bool {
+        match conversation.context.mode {
+            Mode::Force => true,
+            Mode::Whole => covers_all(checkpoint, conversation),
+            Mode::Auto | Mode::Off => {
+                self.fits(conversation, &self.view(conversation, Some(checkpoint)))
+            }
+        }
+    }
+
     /// Writes the summary under the lease in a task of its own, which releases the lease when
     /// done. A client that goes away mid-summary (a cancelled request) leaves the task running:
     /// its checkpoint is still stored, and the conversation's next request, waiting on the lease,
     /// gets it as soon as it is written instead of waiting out a lease nobody would release.
+    ///
+    /// The store is read again first, under the lease: what the request read before taking it
+    /// may predate a checkpoint another replica stored and then released the lease on (the
+    /// holder stores before it releases, so a read under the lease sees every finished job).
+    /// That checkpoint is returned instead of summarizing the same span again.
     async fn summarize_detached(
         self: &Arc<Self>,
         conversation: &Conversation,
         job: Job,
-    ) -> Result<Checkpoint, SummaryError> {
+    ) -> Result<Leased, SummaryError> {
         let engine = self.clone();
         // The task outlives the borrowed conversation: it takes a copy (counts and chain, not
         // counted or hashed again).
         let conversation = conversation.clone();
         let task = self.tasks.spawn(async move {
-            let result = engine
-                .summarize_and_store(
-                    &conversation,
-                    SummaryOrder {
-                        base: job.base.as_ref(),
-                        plan: &job.plan,
-                        trigger: job.trigger,
-                        deadline: job.deadline,
-                    },
-                )
-                .await;
+            let result = match engine
+                .newer_checkpoint(&conversation, job.base.as_ref())
+                .await
+            {
+                Some(found) => Ok(Leased::Found(found)),
+                None => engine
+                    .summarize_and_store(
+                        &conversation,
+                        SummaryOrder {
+                            base: job.base.as_ref(),
+                            plan: &job.plan,
+                            trigger: job.trigger,
+                            deadline: job.deadline,
+                        },
+                    )
+                    .await
+                    .map(Leased::Written),
+            };
             if let Err(e) = engine
                 .store
                 .release_lease(&job.lease_key, &job.holder)
@@ -251,6 +279,14 @@ impl Engine {
 fn later(now: Instant, wait: Duration) -> Instant {
     now.checked_add(wait)
         .unwrap_or_else(|| now + Duration::from_secs(365 * 24 * 3600))
+}
+
+/// What a job under the lease came to.
+enum Leased {
+    /// It wrote this checkpoint.
+    Written(Checkpoint),
+    /// The store already had this newer checkpoint (another replica's): nothing was written.
+    Found(Checkpoint),
 }
 
 /// A summary to write under a lease, owned so that it can outlive its request.
