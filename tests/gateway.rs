@@ -410,3 +410,84 @@ async fn a_summary_prepared_ahead_of_time_on_one_replica_serves_the_other(redis:
     common::assert_at_most_one_update(&mock);
     assert_eq!(mock.state.overflows.load(Ordering::SeqCst), 0);
 }
+
+/// How a replay sends its requests to the two replicas.
+#[derive(Clone, Copy, Debug)]
+enum Sending {
+    /// Request n to replica n % 2, one after the other.
+    Alternating,
+    /// Each request to both replicas at once (a client retrying through the load balancer).
+    BothAtOnce,
+}
+
+/// Replays `session` request by request (each request the history up to an assistant message,
+/// as its client sent it) through two replicas on a new Redis at a 32k window, summaries made
+/// ahead of time; returns the summary requests and how many of them repeated an earlier one
+/// byte for byte.
+async fn replay_across_replicas(session: &Value, sending: Sending) -> (usize, usize) {
+    let model = session["model"].as_str().unwrap().to_string();
+    let messages = session["messages"].as_array().unwrap();
+    let redis = RedisServer::start();
+    let mock = start_mock().await;
+    mock.set_window(32_768);
+    // Long enough that a summary made in the background is still running when the next
+    // request arrives at the other replica.
+    mock.state.summary_delay_ms.store(300, Ordering::SeqCst);
+    let mut cfg = config(&mock.url());
+    cfg.store = redis.url();
+    cfg.windows.insert(model.clone(), 32_768);
+    cfg.compaction.ahead_of_time = true;
+    let replicas = [start_proxy(cfg.clone()).await, start_proxy(cfg).await];
+    let ends = (1..messages.len()).filter(|&k| messages[k]["role"] == "assistant");
+    for (n, k) in ends.enumerate() {
+        let body = json!({"model": model, "messages": &messages[..k], "tools": session["tools"]});
+        let replies = match sending {
+            Sending::Alternating => vec![send(&replicas[n % 2], &body).await],
+            Sending::BothAtOnce => {
+                let (a, b) = tokio::join!(send(&replicas[0], &body), send(&replicas[1], &body));
+                vec![a, b]
+            }
+        };
+        for r in replies {
+            assert_eq!(r.status, 200, "request of {k} messages: {}", r.body);
+        }
+    }
+    // Background summaries still running end before they are counted.
+    for proxy in &replicas {
+        proxy.app.engine.summaries_finished().await;
+    }
+    let bodies: Vec<bytes::Bytes> = mock.summaries().iter().map(|s| s.body.clone()).collect();
+    let distinct: std::collections::HashSet<&bytes::Bytes> = bodies.iter().collect();
+    (bodies.len(), bodies.len() - distinct.len())
+}
+
+/// A real session replayed through two replicas on one Redis at a 32k window, five runs
+/// alternating between them and five sending each request to both: prints the summary requests
+/// of each run and how many reached the summarizer twice, and fails on any.
+/// `cargo test --test gateway replayed_session -- --ignored --nocapture`
+#[tokio::test]
+#[ignore = "replays of a shared session, minutes long: run on demand"]
+async fn a_replayed_session_across_two_replicas_sends_each_summary_request_once() {
+    const RUNS: usize = 5;
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../shared/data/conversations/pi_before-compaction_upto_user017.json");
+    let Ok(bytes) = std::fs::read(&path) else {
+        eprintln!("skipped: {} is absent", path.display());
+        return;
+    };
+    let session: Value = serde_json::from_slice(&bytes).unwrap();
+    let mut duplicates = Vec::new();
+    for sending in [Sending::Alternating, Sending::BothAtOnce] {
+        for run in 1..=RUNS {
+            let started = Instant::now();
+            let (summaries, repeated) = replay_across_replicas(&session, sending).await;
+            println!(
+                "{sending:?} run {run}: {summaries} summary requests, {repeated} sent twice; {:.1} s",
+                started.elapsed().as_secs_f64()
+            );
+            duplicates.push(repeated);
+        }
+    }
+    println!("summary requests sent twice, per run: {duplicates:?}");
+    assert!(duplicates.iter().all(|&d| d == 0));
+}
