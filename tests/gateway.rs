@@ -1,6 +1,8 @@
 //! The team gateway: two Compactor instances sharing checkpoints through a real Redis (a single
 //! server, and a three-master Redis Cluster), single flight across them, service through an
-//! outage of Redis (or of one cluster master), and Prometheus metrics.
+//! outage of Redis (or of one cluster master), checkpoints Redis lost written back by the replica
+//! that still has them, and Prometheus metrics; on demand, a shared session replayed through both
+//! replicas, counting summary requests sent twice.
 
 mod common;
 
