@@ -21,7 +21,10 @@ use compactor::identity;
 use compactor::measure::{windows::WindowTable, Meter};
 use compactor::metrics::Metrics;
 use compactor::store::redis::RedisStore;
-use compactor::store::{Checkpoint, CheckpointStore, ModelFacts, StoreError};
+use compactor::store::{
+    Checkpoint, CheckpointStore, ConversationEntry, ModelFacts, Owner, RequestRow, StoreError,
+    TimelineBounds,
+};
 use serde_json::{json, Value};
 use tokio::sync::Notify;
 
@@ -148,6 +151,24 @@ impl CheckpointStore for Scripted {
     async fn lease_holder(&self, key: &str) -> Result<Option<String>, StoreError> {
         self.around("lease_holder", self.inner.lease_holder(key))
             .await
+    }
+    async fn record_request(
+        &self,
+        id: &str,
+        owner: &Owner,
+        row: &RequestRow,
+        bounds: TimelineBounds,
+    ) -> Result<(), StoreError> {
+        self.inner.record_request(id, owner, row, bounds).await
+    }
+    async fn conversations(&self) -> Result<Vec<ConversationEntry>, StoreError> {
+        self.inner.conversations().await
+    }
+    async fn timeline(
+        &self,
+        id: &str,
+    ) -> Result<Option<(ConversationEntry, Vec<RequestRow>)>, StoreError> {
+        self.inner.timeline(id).await
     }
     fn healthy(&self) -> bool {
         self.inner.healthy()
