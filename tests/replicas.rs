@@ -161,6 +161,9 @@ impl CheckpointStore for Scripted {
     ) -> Result<(), StoreError> {
         self.inner.record_request(id, owner, row, bounds).await
     }
+    async fn shared_secret(&self, name: &str, candidate: &str) -> Result<String, StoreError> {
+        self.inner.shared_secret(name, candidate).await
+    }
     async fn conversations(&self) -> Result<Vec<ConversationEntry>, StoreError> {
         self.inner.conversations().await
     }
