@@ -136,13 +136,9 @@ impl Engine {
             + conversation.measured.head_tokens
             + REPLY_PRIMING;
         let summary_allowance = self.summary_allowance(conversation.window);
-        let usable = conversation
-            .limit
-            .saturating_sub(conversation.reserve)
-            .saturating_sub(conversation.correction.apply(fixed + summary_allowance));
-        // Half of what is left stays verbatim, so the conversation has room to grow before the
-        // next compaction; counts are raw tokens, so undo the correction.
-        let mut keep = conversation.correction.unscale(usable / 2);
+        let mut keep = conversation
+            .correction
+            .unscale(self.keep_share(conversation, fixed + summary_allowance));
         keep = keep.min(self.config.keep_recent_tokens);
         if trigger.harder() {
             keep /= 2;
@@ -180,6 +176,8 @@ impl Engine {
         let chosen = plan::plan(&input).and_then(|chosen| {
             if conversation.request.keeps_last_turn_whole() {
                 plan::keep_last_turn_whole(&input, chosen)
+            } else if trigger.ahead_of_time() {
+                plan::leave_newest_turn_out(&input, chosen)
             } else {
                 Ok(chosen)
             }
@@ -195,6 +193,25 @@ impl Engine {
         } else {
             self.summarizer.model.clone()
         }
+    }
+
+    /// Corrected tokens the verbatim tail may take after a compaction, beside `fixed` raw tokens
+    /// (instructions, tools, summary): half of the room below the soft threshold that starts
+    /// the next ahead-of-time summary, so the compacted request lands halfway between its fixed
+    /// part and that threshold (at most half the window when the fixed part and the output
+    /// reserve take a quarter) and the conversation grows by as much as it kept before the next
+    /// summary starts. Never more than half of the room below the limit (the rule without
+    /// ahead-of-time summaries), nor less than a quarter of it, so a large fixed part still
+    /// leaves a tail.
+    fn keep_share(&self, conversation: &Conversation, fixed: u64) -> u64 {
+        let taken = conversation.correction.apply(fixed) + conversation.reserve;
+        let usable = conversation.limit.saturating_sub(taken);
+        if !self.config.ahead_of_time {
+            return usable / 2;
+        }
+        let soft = (conversation.limit as f64 * self.config.soft_threshold) as u64;
+        let below_soft = soft.saturating_sub(taken);
+        (below_soft / 2).clamp(usable / 4, usable / 2)
     }
 
     pub(super) fn summary_allowance(&self, window: u64) -> u64 {

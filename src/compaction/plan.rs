@@ -98,6 +98,23 @@ pub fn keep_last_turn_whole(input: &PlanInput, chosen: Plan) -> Result<Plan, Pla
     })
 }
 
+/// `chosen` for a checkpoint written ahead of time, which must match the client's next request:
+/// clients re-serialize their newest message on the next turn (a marker dropped, an added note
+/// removed), so the summarized prefix stops before the newest user turn. Only when that turn is
+/// all there is (a long tool loop) does the cut go inside it, and then only when the newest user
+/// message is not the request's last element (a step follows it, so that message is no longer
+/// the newest one on the next request).
+pub fn leave_newest_turn_out(input: &PlanInput, chosen: Plan) -> Result<Plan, PlanError> {
+    // Where the whole-turn cut is refused, `chosen` cuts inside the newest turn.
+    keep_last_turn_whole(input, chosen.clone()).or_else(|e| {
+        if input.roles.last() == Some(&Role::User) {
+            Err(e)
+        } else {
+            Ok(chosen)
+        }
+    })
+}
+
 fn choose_cut(input: &PlanInput) -> Result<Plan, PlanError> {
     let n = input.roles.len();
     let roles = input.roles;
