@@ -1,0 +1,248 @@
+//! How often a conversation is summarized: a compaction leaves room for several turns before the
+//! next summary starts, and a summary written ahead of time is found by the client's next
+//! request even though the client re-serialized its newest message.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use common::messages_mock::{self, Overflow};
+use common::{client, config, start_mock, start_proxy, Mock, Proxy};
+use serde_json::{json, Value};
+
+const W: u64 = 6000;
+
+/// A summary about as long as a real one at this window (the model writes up to half of it).
+const SUMMARY_PADDING_WORDS: u64 = 300;
+
+fn user(t: usize) -> Value {
+    json!({"role":"user","content": format!("Task {t}: please look at module {t} and report. {}", "detail ".repeat(60))})
+}
+
+fn assistant(t: usize) -> Value {
+    json!({"role":"assistant","content": format!("Module {t} looks fine. {}", "finding ".repeat(80))})
+}
+
+async fn chat_proxy() -> (Mock, Proxy) {
+    let mock = start_mock().await;
+    mock.set_window(W);
+    mock.state
+        .summary_padding_words
+        .store(SUMMARY_PADDING_WORDS, Ordering::SeqCst);
+    let mut cfg = config(&mock.url());
+    cfg.windows.insert("agent-model".into(), W);
+    cfg.summarizer.window = 100_000;
+    cfg.compaction.ahead_of_time = true;
+    (mock, start_proxy(cfg).await)
+}
+
+async fn send_chat(proxy: &Proxy, messages: &[Value]) -> reqwest::header::HeaderMap {
+    let body = json!({"model":"agent-model","max_tokens":256,"messages":messages});
+    let resp = client()
+        .post(format!("{}/v1/chat/completions", proxy.url()))
+        .header("authorization", "Bearer k")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let headers = resp.headers().clone();
+    resp.bytes().await.unwrap();
+    headers
+}
+
+fn flag(headers: &reqwest::header::HeaderMap, name: &str) -> bool {
+    headers.get(name).is_some_and(|v| v == "true")
+}
+
+/// Lets a background summary finish (the mock answers at once).
+async fn settle() {
+    tokio::time::sleep(Duration::from_millis(300)).await;
+}
+
+#[tokio::test]
+async fn a_compaction_leaves_room_for_further_turns_without_a_summary() {
+    let (mock, proxy) = chat_proxy().await;
+    let mut messages = vec![json!({"role":"system","content":"You help with code."})];
+    let mut t = 0;
+    loop {
+        messages.push(user(t));
+        let headers = send_chat(&proxy, &messages).await;
+        settle().await;
+        messages.push(assistant(t));
+        t += 1;
+        if flag(&headers, "x-compactor-compacted") {
+            break;
+        }
+        assert!(t < 60, "the conversation never crossed the window");
+    }
+    let after_compaction = mock.summaries().len();
+    assert!(after_compaction >= 1);
+    for further in 0..3 {
+        messages.push(user(t));
+        let headers = send_chat(&proxy, &messages).await;
+        settle().await;
+        messages.push(assistant(t));
+        t += 1;
+        assert!(flag(&headers, "x-compactor-compacted"));
+        assert_eq!(
+            mock.summaries().len(),
+            after_compaction,
+            "turn {further} after the compaction started a summary"
+        );
+    }
+    assert_eq!(mock.state.overflows.load(Ordering::SeqCst), 0);
+}
+
+/// Sends ordinary turns until a background summary has been made; the last user message of the
+/// last request sent ends with a note the client drops on the next request.
+async fn until_ahead_of_time_summary(
+    summaries: impl Fn() -> usize,
+    send: impl AsyncFn(&[Value]) -> reqwest::header::HeaderMap,
+    messages: &mut Vec<Value>,
+    with_note: impl Fn(usize) -> Value,
+) -> usize {
+    let mut t = 0;
+    loop {
+        messages.push(with_note(t));
+        let headers = send(messages).await;
+        assert!(
+            !flag(&headers, "x-compactor-compacted"),
+            "compacted at turn {t}"
+        );
+        settle().await;
+        if summaries() > 0 {
+            return t;
+        }
+        *messages.last_mut().unwrap() = user(t);
+        messages.push(assistant(t));
+        t += 1;
+        assert!(t < 60, "no summary was made ahead of time");
+    }
+}
+
+#[tokio::test]
+async fn a_ready_summary_serves_the_next_chat_request_whose_newest_message_changed() {
+    let (mock, proxy) = chat_proxy().await;
+    let mut messages = vec![json!({"role":"system","content":"You help with code."})];
+    let with_note = |t: usize| {
+        let mut m = user(t);
+        let content = m["content"].as_str().unwrap().to_string();
+        m["content"] = json!(format!(
+            "{content}\n<system-reminder>Today is Tuesday.</system-reminder>"
+        ));
+        m
+    };
+    let t = until_ahead_of_time_summary(
+        || mock.summaries().len(),
+        async |m: &[Value]| send_chat(&proxy, m).await,
+        &mut messages,
+        with_note,
+    )
+    .await;
+    assert_eq!(mock.summaries().len(), 1);
+    // The client drops its note from the message it sent last, and the next turn crosses the
+    // window.
+    *messages.last_mut().unwrap() = user(t);
+    messages.push(assistant(t));
+    let mut next = t + 1;
+    let headers = loop {
+        messages.push(user(next));
+        let headers = send_chat(&proxy, &messages).await;
+        if flag(&headers, "x-compactor-compacted") {
+            break headers;
+        }
+        messages.push(assistant(next));
+        next += 1;
+        assert!(next < t + 30, "never crossed the window");
+    };
+    assert!(flag(&headers, "x-compactor-compacted"));
+    assert!(
+        flag(&headers, "x-compactor-ready-checkpoint"),
+        "{headers:?}"
+    );
+    assert!(
+        headers.get("x-compactor-summary-ms").is_none(),
+        "the request waited for a summary"
+    );
+    assert_eq!(mock.summaries().len(), 1, "no second summary was written");
+}
+
+const MODEL: &str = "claude-test";
+
+async fn send_messages(proxy: &Proxy, messages: &[Value]) -> reqwest::header::HeaderMap {
+    let body =
+        json!({"model":MODEL,"max_tokens":256,"system":"You help with code.","messages":messages});
+    let reply = common::post(
+        &format!("{}/v1/messages", proxy.url()),
+        &[
+            ("x-api-key", "sk-test"),
+            ("content-type", "application/json"),
+        ],
+        body.to_string(),
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let mut headers = reqwest::header::HeaderMap::new();
+    for name in [
+        "x-compactor-compacted",
+        "x-compactor-ready-checkpoint",
+        "x-compactor-summary-ms",
+    ] {
+        if let Some(v) = reply.header(name) {
+            headers.insert(name, v.parse().unwrap());
+        }
+    }
+    headers
+}
+
+#[tokio::test]
+async fn a_ready_summary_serves_the_next_messages_request_whose_cache_marker_moved() {
+    let mock = messages_mock::start().await;
+    mock.set_window(W, Overflow::Anthropic);
+    let mut cfg = config("http://127.0.0.1:9/v1");
+    cfg.anthropic_upstream = mock.url();
+    cfg.windows.insert(MODEL.into(), W);
+    cfg.summarizer.window = 100_000;
+    cfg.compaction.ahead_of_time = true;
+    let proxy = start_proxy(cfg).await;
+    let marked = |t: usize| {
+        let text = user(t)["content"].as_str().unwrap().to_string();
+        json!({"role":"user","content":[{"type":"text","text":text,"cache_control":{"type":"ephemeral"}}]})
+    };
+    let mut messages = vec![];
+    let t = until_ahead_of_time_summary(
+        || mock.summaries().len(),
+        async |m: &[Value]| send_messages(&proxy, m).await,
+        &mut messages,
+        marked,
+    )
+    .await;
+    assert_eq!(mock.summaries().len(), 1);
+    // The marker moves from the message sent last to the newest one.
+    *messages.last_mut().unwrap() = user(t);
+    messages.push(assistant(t));
+    let mut next = t + 1;
+    let headers = loop {
+        messages.push(marked(next));
+        let headers = send_messages(&proxy, &messages).await;
+        if flag(&headers, "x-compactor-compacted") {
+            break headers;
+        }
+        assert!(next < t + 30, "never crossed the window");
+        *messages.last_mut().unwrap() = user(next);
+        messages.push(assistant(next));
+        next += 1;
+    };
+    assert!(flag(&headers, "x-compactor-compacted"));
+    assert!(
+        flag(&headers, "x-compactor-ready-checkpoint"),
+        "{headers:?}"
+    );
+    assert!(
+        headers.get("x-compactor-summary-ms").is_none(),
+        "the request waited for a summary"
+    );
+    assert_eq!(mock.summaries().len(), 1, "no second summary was written");
+}
