@@ -17,11 +17,26 @@ const W: u64 = 6000;
 const SUMMARY_PADDING_WORDS: u64 = 300;
 
 fn user(t: usize) -> Value {
-    json!({"role":"user","content": format!("Task {t}: please look at module {t} and report. {}", "detail ".repeat(60))})
+    user_of(t, 120)
+}
+
+/// A user message large beside the kept tail at this window (a pasted file, a long request), so
+/// a summary made while it is the newest message would have to pin it.
+fn long_user(t: usize) -> Value {
+    user_of(t, 2000)
+}
+
+fn user_of(t: usize, words: usize) -> Value {
+    json!({"role":"user","content": format!("Task {t}: please look at module {t} and report. {}", "detail ".repeat(words))})
+}
+
+/// Instructions and tools as large as an agent's at a small window: a tenth of it.
+fn system() -> Value {
+    json!({"role":"system","content": format!("You help with code. {}", "rule ".repeat(600))})
 }
 
 fn assistant(t: usize) -> Value {
-    json!({"role":"assistant","content": format!("Module {t} looks fine. {}", "finding ".repeat(80))})
+    json!({"role":"assistant","content": format!("Module {t} looks fine. {}", "finding ".repeat(160))})
 }
 
 async fn chat_proxy() -> (Mock, Proxy) {
@@ -64,7 +79,7 @@ async fn settle() {
 #[tokio::test]
 async fn a_compaction_leaves_room_for_further_turns_without_a_summary() {
     let (mock, proxy) = chat_proxy().await;
-    let mut messages = vec![json!({"role":"system","content":"You help with code."})];
+    let mut messages = vec![system()];
     let mut t = 0;
     loop {
         messages.push(user(t));
@@ -115,7 +130,7 @@ async fn until_ahead_of_time_summary(
         if summaries() > 0 {
             return t;
         }
-        *messages.last_mut().unwrap() = user(t);
+        *messages.last_mut().unwrap() = long_user(t);
         messages.push(assistant(t));
         t += 1;
         assert!(t < 60, "no summary was made ahead of time");
@@ -127,7 +142,7 @@ async fn a_ready_summary_serves_the_next_chat_request_whose_newest_message_chang
     let (mock, proxy) = chat_proxy().await;
     let mut messages = vec![json!({"role":"system","content":"You help with code."})];
     let with_note = |t: usize| {
-        let mut m = user(t);
+        let mut m = long_user(t);
         let content = m["content"].as_str().unwrap().to_string();
         m["content"] = json!(format!(
             "{content}\n<system-reminder>Today is Tuesday.</system-reminder>"
@@ -144,11 +159,12 @@ async fn a_ready_summary_serves_the_next_chat_request_whose_newest_message_chang
     assert_eq!(mock.summaries().len(), 1);
     // The client drops its note from the message it sent last, and the next turn crosses the
     // window.
-    *messages.last_mut().unwrap() = user(t);
+    *messages.last_mut().unwrap() = long_user(t);
     messages.push(assistant(t));
     let mut next = t + 1;
     let headers = loop {
-        messages.push(user(next));
+        messages.push(long_user(next));
+        assert_eq!(mock.summaries().len(), 1, "a second summary was started");
         let headers = send_chat(&proxy, &messages).await;
         if flag(&headers, "x-compactor-compacted") {
             break headers;
@@ -166,7 +182,6 @@ async fn a_ready_summary_serves_the_next_chat_request_whose_newest_message_chang
         headers.get("x-compactor-summary-ms").is_none(),
         "the request waited for a summary"
     );
-    assert_eq!(mock.summaries().len(), 1, "no second summary was written");
 }
 
 const MODEL: &str = "claude-test";
@@ -208,7 +223,7 @@ async fn a_ready_summary_serves_the_next_messages_request_whose_cache_marker_mov
     cfg.compaction.ahead_of_time = true;
     let proxy = start_proxy(cfg).await;
     let marked = |t: usize| {
-        let text = user(t)["content"].as_str().unwrap().to_string();
+        let text = long_user(t)["content"].as_str().unwrap().to_string();
         json!({"role":"user","content":[{"type":"text","text":text,"cache_control":{"type":"ephemeral"}}]})
     };
     let mut messages = vec![];
@@ -221,17 +236,18 @@ async fn a_ready_summary_serves_the_next_messages_request_whose_cache_marker_mov
     .await;
     assert_eq!(mock.summaries().len(), 1);
     // The marker moves from the message sent last to the newest one.
-    *messages.last_mut().unwrap() = user(t);
+    *messages.last_mut().unwrap() = long_user(t);
     messages.push(assistant(t));
     let mut next = t + 1;
     let headers = loop {
         messages.push(marked(next));
+        assert_eq!(mock.summaries().len(), 1, "a second summary was started");
         let headers = send_messages(&proxy, &messages).await;
         if flag(&headers, "x-compactor-compacted") {
             break headers;
         }
         assert!(next < t + 30, "never crossed the window");
-        *messages.last_mut().unwrap() = user(next);
+        *messages.last_mut().unwrap() = long_user(next);
         messages.push(assistant(next));
         next += 1;
     };
@@ -244,5 +260,4 @@ async fn a_ready_summary_serves_the_next_messages_request_whose_cache_marker_mov
         headers.get("x-compactor-summary-ms").is_none(),
         "the request waited for a summary"
     );
-    assert_eq!(mock.summaries().len(), 1, "no second summary was written");
 }
