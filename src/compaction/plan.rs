@@ -302,6 +302,37 @@ mod tests {
     }
 
     #[test]
+    fn an_ahead_of_time_cut_stops_before_the_newest_user_turn() {
+        // The newest user message alone is over budget: the plan pins it, which the next
+        // request's re-serialized message would not match.
+        let roles = [System, User, Assistant, User, Assistant, User];
+        let tokens = [5, 10, 10, 10, 10, 500];
+        let input = PlanInput {
+            roles: &roles,
+            tokens: &tokens,
+            start: 0,
+            pinned: None,
+            keep_budget: 100,
+        };
+        let pinned = plan(&input).unwrap();
+        assert_eq!(pinned.pinned_user, Some(5));
+        let out = leave_newest_turn_out(&input, pinned).unwrap();
+        assert_eq!((out.cut, out.pinned_user), (5, None));
+        // One long tool loop: the cut goes inside it, since a step follows its user message.
+        let roles = [System, User, Assistant, Tool, Assistant, Tool];
+        let input = PlanInput {
+            roles: &roles,
+            tokens: &[5, 10, 300, 300, 10, 10],
+            start: 0,
+            pinned: None,
+            keep_budget: 100,
+        };
+        let inside = plan(&input).unwrap();
+        assert!(inside.cut > 1, "{inside:?}");
+        assert_eq!(leave_newest_turn_out(&input, inside.clone()), Ok(inside));
+    }
+
+    #[test]
     fn keeps_whole_turns_within_budget() {
         let roles = [
             System, User, Assistant, User, Assistant, Tool, Assistant, User,
