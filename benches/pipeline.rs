@@ -135,6 +135,7 @@ fn identify_plan_rewrite(c: &mut Criterion) {
                 start: 0,
                 pinned: None,
                 keep_budget: 20_000,
+                step_budget: 0,
             })
             .unwrap();
             let checkpoint = compactor::store::Checkpoint {

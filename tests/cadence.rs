@@ -261,3 +261,45 @@ async fn a_ready_summary_serves_the_next_messages_request_whose_cache_marker_mov
         "the request waited for a summary"
     );
 }
+
+/// A tool loop's turn: the question, the call and the file it read (about 1,800 tokens: over the
+/// tail a compaction keeps for the cadence at this window, within half the room below it).
+fn tool_turn(t: usize) -> [Value; 3] {
+    let file: String = (0..210).map(|i| format!("value_{t}_{i} = {i}\n")).collect();
+    let id = format!("call_{t}");
+    [
+        json!({"role":"user","content": format!("Turn {t}: what does module {t} do?")}),
+        json!({"role":"assistant","content": null, "tool_calls": [{"id": id, "type": "function",
+            "function": {"name": "read_file", "arguments": format!("{{\"path\":\"src/module_{t}.py\"}}")}}]}),
+        json!({"role":"tool","tool_call_id": id, "content": file}),
+    ]
+}
+
+#[tokio::test]
+async fn the_step_being_answered_reaches_the_model_whole_when_it_fits() {
+    let (mock, proxy) = chat_proxy().await;
+    // A session resumed past the window: the first request needs a summary at once, so the
+    // plan is made against the tail kept for the cadence, not ahead of time.
+    let mut messages = vec![system()];
+    for t in 0..3 {
+        messages.extend(tool_turn(t));
+        messages.push(assistant(t));
+    }
+    let mut compacted = 0;
+    for t in 3..8 {
+        let turn = tool_turn(t);
+        messages.extend(turn.iter().cloned());
+        let headers = send_chat(&proxy, &messages).await;
+        settle().await;
+        let forwarded = mock.chats().last().unwrap().json();
+        let sent = forwarded["messages"].as_array().unwrap();
+        assert_eq!(
+            sent[sent.len() - 3..],
+            turn[..],
+            "turn {t}: the step in progress was not forwarded as the client sent it"
+        );
+        compacted += flag(&headers, "x-compactor-compacted") as usize;
+        messages.push(assistant(t));
+    }
+    assert_eq!(compacted, 5, "every request is past the window");
+}

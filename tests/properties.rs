@@ -109,13 +109,13 @@ proptest! {
         let mut covered_before: Vec<usize> = vec![];
         // Optionally extend a first compaction, as a growing conversation would.
         if second {
-            if let Ok(first) = plan(&PlanInput { roles: &roles, tokens: &tokens, start: 0, pinned: None, keep_budget: budget * 2 }) {
-                covered_before = first.newly_covered(&PlanInput { roles: &roles, tokens: &tokens, start: 0, pinned: None, keep_budget: 0 });
+            if let Ok(first) = plan(&PlanInput { roles: &roles, tokens: &tokens, start: 0, pinned: None, keep_budget: budget * 2, step_budget: 0 }) {
+                covered_before = first.newly_covered(&PlanInput { roles: &roles, tokens: &tokens, start: 0, pinned: None, keep_budget: 0, step_budget: 0 });
                 start = first.cut;
                 pinned = first.pinned_user;
             }
         }
-        let input = PlanInput { roles: &roles, tokens: &tokens, start, pinned, keep_budget: budget };
+        let input = PlanInput { roles: &roles, tokens: &tokens, start, pinned, keep_budget: budget, step_budget: 0 };
         let Ok(chosen) = plan(&input) else { return Ok(()) };
         let newly = chosen.newly_covered(&input);
         // Something is summarized, or the newest step is cut in place (a plan of cuts alone).

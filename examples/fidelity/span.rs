@@ -33,6 +33,7 @@ pub fn choose(roles: &[Role], tokens: &[u64], keep_tokens: u64, cap: Option<u64>
         start: 0,
         pinned: None,
         keep_budget: keep_tokens,
+        step_budget: 0,
     };
     let chosen = plan::plan(&input).ok()?;
     let covered = chosen.newly_covered(&input);

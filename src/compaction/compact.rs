@@ -136,12 +136,14 @@ impl Engine {
             + conversation.measured.head_tokens
             + REPLY_PRIMING;
         let summary_allowance = self.summary_allowance(conversation.window);
-        let mut keep = conversation
-            .correction
-            .unscale(self.keep_share(conversation, fixed + summary_allowance));
+        let (keep_share, step_share) = self.keep_share(conversation, fixed + summary_allowance);
+        let mut keep = conversation.correction.unscale(keep_share);
         keep = keep.min(self.config.keep_recent_tokens);
+        let mut step = conversation.correction.unscale(step_share);
+        step = step.min(self.config.keep_recent_tokens);
         if trigger.harder() {
             keep /= 2;
+            step /= 2;
         }
         if conversation.context.mode == Mode::Force {
             // Asked to compact now (`/compact`): keep only the newest quarter of the conversation.
@@ -161,6 +163,7 @@ impl Engine {
             start: base.map_or(0, |b| b.covered),
             pinned: base.and_then(|b| b.pinned_user),
             keep_budget: keep,
+            step_budget: step,
         };
         if conversation.context.mode == Mode::Whole {
             let whole = plan::Plan {
@@ -203,15 +206,19 @@ impl Engine {
     /// summary starts. Never more than half of the room below the limit (the rule without
     /// ahead-of-time summaries), nor less than a quarter of it, so a large fixed part still
     /// leaves a tail.
-    fn keep_share(&self, conversation: &Conversation, fixed: u64) -> u64 {
+    ///
+    /// Second: what the newest step (the one the model answers) may take before it is cut in
+    /// the middle: that half of the room below the limit whatever the cadence, since cutting
+    /// what the model has just read to delay the next summary costs more than the summary.
+    fn keep_share(&self, conversation: &Conversation, fixed: u64) -> (u64, u64) {
         let taken = conversation.correction.apply(fixed) + conversation.reserve;
         let usable = conversation.limit.saturating_sub(taken);
         if !self.config.ahead_of_time {
-            return usable / 2;
+            return (usable / 2, usable / 2);
         }
         let soft = (conversation.limit as f64 * self.config.soft_threshold) as u64;
         let below_soft = soft.saturating_sub(taken);
-        (below_soft / 2).clamp(usable / 4, usable / 2)
+        ((below_soft / 2).clamp(usable / 4, usable / 2), usable / 2)
     }
 
     pub(super) fn summary_allowance(&self, window: u64) -> u64 {
@@ -237,6 +244,7 @@ impl Engine {
             start: base.map_or(0, |b| b.covered),
             pinned: base.and_then(|b| b.pinned_user),
             keep_budget: 0,
+            step_budget: 0,
         };
         let span = plan.newly_covered(&input);
         let views: Vec<(Role, MessageView)> = span

@@ -37,6 +37,17 @@ pub struct PlanInput<'a> {
     pub pinned: Option<usize>,
     /// Most tokens the verbatim part may take (pinned user message included).
     pub keep_budget: u64,
+    /// Most tokens the newest step may take, pinned user message included, before its elements
+    /// are cut in the middle; below `keep_budget` (0, say) it is `keep_budget`. Larger than the
+    /// keep budget when that one is sized for the cadence of summaries: the step the model is
+    /// answering is cut only when it does not fit, never to make room for turns to come.
+    pub step_budget: u64,
+}
+
+impl PlanInput<'_> {
+    fn step_room(&self) -> u64 {
+        self.step_budget.max(self.keep_budget)
+    }
 }
 
 /// The cut chosen.
@@ -168,17 +179,24 @@ fn choose_cut(input: &PlanInput) -> Result<Plan, PlanError> {
             truncations: vec![],
         });
     }
-    // Even the newest step does not fit whole: keep it with its largest elements cut in the
-    // middle. Summarizing it instead would end the request at the pinned user message. It may
-    // start where the checkpoint being extended ends (its cut already pinned the user message).
+    // Even the newest step does not fit the keep budget: kept whole when it fits the step's
+    // own room, else with its largest elements cut in the middle. Summarizing it instead would
+    // end the request at the pinned user message. It may start where the checkpoint being
+    // extended ends (its cut already pinned the user message).
     let step_from = last_user
         .map_or(input.start, |u| (u + 1).max(input.start))
         .max(1);
     if let Some(cut) = (step_from..n).rev().find(|&c| is_valid_cut(c)) {
+        let step_room = input.step_room().saturating_sub(pinned_cost);
+        let truncations = if tail[cut] <= step_room {
+            vec![]
+        } else {
+            truncate_to_fit(input, cut, step_room)
+        };
         return Ok(Plan {
             cut,
             pinned_user,
-            truncations: truncate_to_fit(input, cut, budget_left),
+            truncations,
         });
     }
     // Nothing after the last user message: the request ends with it, and it stays.
@@ -246,6 +264,7 @@ mod tests {
             start: 0,
             pinned: None,
             keep_budget: budget,
+            step_budget: 0,
         })
         .unwrap()
     }
@@ -275,6 +294,7 @@ mod tests {
             start: 0,
             pinned: None,
             keep_budget: 50,
+            step_budget: 0,
         };
         let split = plan(&input).unwrap();
         assert!(split.pinned_user == Some(3) || split.cut > 3, "{split:?}");
@@ -284,6 +304,7 @@ mod tests {
         // A plan that already keeps whole turns is left alone.
         let roomy = PlanInput {
             keep_budget: 10_000,
+            step_budget: 0,
             ..input.clone()
         };
         let kept = plan(&roomy).unwrap();
@@ -296,6 +317,7 @@ mod tests {
             start: 0,
             pinned: None,
             keep_budget: 50,
+            step_budget: 0,
         };
         let split = plan(&only).unwrap();
         assert!(keep_last_turn_whole(&only, split).is_err());
@@ -313,6 +335,7 @@ mod tests {
             start: 0,
             pinned: None,
             keep_budget: 100,
+            step_budget: 0,
         };
         let pinned = plan(&input).unwrap();
         assert_eq!(pinned.pinned_user, Some(5));
@@ -326,6 +349,7 @@ mod tests {
             start: 0,
             pinned: None,
             keep_budget: 100,
+            step_budget: 0,
         };
         let inside = plan(&input).unwrap();
         assert!(inside.cut > 1, "{inside:?}");
@@ -386,6 +410,35 @@ mod tests {
     }
 
     #[test]
+    fn cuts_the_newest_step_only_past_its_own_room() {
+        // The turn in progress (a question, a call, a file read) is over the keep budget, which
+        // is sized for the cadence of summaries, but within the step's room: it stays whole.
+        let roles = [User, Assistant, Tool, User, Assistant, Tool];
+        let tokens = [300, 300, 300, 30, 20, 600];
+        let input = |step_budget| PlanInput {
+            roles: &roles,
+            tokens: &tokens,
+            start: 0,
+            pinned: None,
+            keep_budget: 500,
+            step_budget,
+        };
+        let p = plan(&input(750)).unwrap();
+        assert_eq!((p.cut, p.pinned_user), (4, Some(3)));
+        assert!(p.truncations.is_empty());
+        // Past the step's room, it is cut to that room, not to the keep budget.
+        let p = plan(&input(600)).unwrap();
+        assert_eq!((p.cut, p.pinned_user), (4, Some(3)));
+        assert_eq!(
+            p.truncations,
+            vec![Truncation {
+                index: 5,
+                keep_tokens: 550
+            }]
+        );
+    }
+
+    #[test]
     fn keeps_the_newest_step_cutting_what_is_large() {
         // A `write` call carrying a whole file, answered in a few tokens.
         let roles = [System, User, Assistant, User, Assistant, Tool];
@@ -418,6 +471,7 @@ mod tests {
             start: 0,
             pinned: None,
             keep_budget: 1000,
+            step_budget: 0,
         };
         let p = plan(&input).unwrap();
         assert_eq!((p.cut, p.pinned_user), (1, Some(0)));
@@ -437,6 +491,7 @@ mod tests {
             start: 3,
             pinned: None,
             keep_budget: 25,
+            step_budget: 0,
         })
         .unwrap();
         assert_eq!(p.cut, 7);
@@ -446,6 +501,7 @@ mod tests {
             start: 3,
             pinned: None,
             keep_budget: 25,
+            step_budget: 0,
         };
         assert_eq!(p.newly_covered(&input), vec![3, 4, 5, 6]);
     }
@@ -460,6 +516,7 @@ mod tests {
             start: 0,
             pinned: None,
             keep_budget: 5,
+            step_budget: 0,
         });
         assert_eq!(err, Err(PlanError::NothingToSummarize));
         let err = plan(&PlanInput {
@@ -468,6 +525,7 @@ mod tests {
             start: 2,
             pinned: Some(1),
             keep_budget: 5,
+            step_budget: 0,
         });
         assert_eq!(err, Err(PlanError::NothingToSummarize));
     }
