@@ -14,7 +14,9 @@
 //! and its distinctive words, [`user_words::shorten`]), before it leaves any out, and then leaves
 //! out the least worth keeping: the oldest request, the least ranked index entry, the newest
 //! constraint ([`Index::fit`] says how the index shortens). So a
-//! large item never pushes out a small one, and a constraint, once set, stays. What a client
+//! large item never pushes out a small one, and a constraint, once set, stays: the constraints
+//! take what they need whole up to [`CONSTRAINTS_MOST`] of the room, and the model's prose yields
+//! to them first (cut at a line end, down to [`MODEL_LEAST`] of the budget). What a client
 //! injects into user messages is taken out before they are read ([`user_words::own_words`]).
 
 use crate::dialect::{MessageView, Role};
@@ -157,6 +159,16 @@ impl Record {
         self
     }
 
+    /// Tokens the constraints section takes with every item whole; 0 when there is none.
+    fn constraints_cost(&self, encoding: Encoding) -> u64 {
+        let items = &self.sections[CONSTRAINTS];
+        if items.is_empty() {
+            return 0;
+        }
+        let title = encoding.count(SECTIONS[CONSTRAINTS].0) + 2;
+        title + items.iter().map(|c| encoding.count(c) + 2).sum::<u64>()
+    }
+
     /// The constraints, oldest first.
     pub fn constraints(&self) -> &[String] {
         &self.sections[CONSTRAINTS]
@@ -216,12 +228,26 @@ impl Record {
             }
         };
         let mut weights_left: u64 = (0..SECTIONS.len()).map(weight).sum();
+        // The constraints take what they need whole, up to their most; the other sections
+        // share the rest by their shares (exactly their shares of `budget` when the
+        // constraints take only theirs).
+        let constraints_share = SECTIONS[CONSTRAINTS].1;
+        let constraints_base = (budget * constraints_share / 100).max(
+            self.constraints_cost(encoding)
+                .min(budget * CONSTRAINTS_MOST / 100),
+        );
+        let rest = budget - constraints_base;
         for (section, (title, share)) in SECTIONS.iter().enumerate() {
             // The last section with items takes all that is left over.
             let passed = left_over * weight(section) / weights_left.max(1);
             weights_left -= weight(section);
             left_over -= passed;
-            let allowance = budget * share / 100 + passed;
+            let base = if section == CONSTRAINTS {
+                constraints_base
+            } else {
+                rest * share / (100 - constraints_share)
+            };
+            let allowance = base + passed;
             let title_cost = encoding.count(title) + 2;
             let (kept, used) = if section == NOTE {
                 fit_note(&self.sections[section], encoding, allowance, title_cost)
@@ -265,6 +291,12 @@ pub fn split(summary: &str) -> (&str, Option<&str>) {
 /// Least of a summary's budget kept for the record, in percent: the model's answer is capped at
 /// the rest ([`model_allowance`]), so a verbose model cannot crowd out what no model may lose.
 pub const FLOOR: u64 = 50;
+/// Most of the record's room the constraints take to stay whole, in percent (their share is the
+/// least they get).
+const CONSTRAINTS_MOST: u64 = 60;
+/// Least of a summary's budget the model's text keeps when it yields to the constraints, in
+/// percent.
+const MODEL_LEAST: u64 = 25;
 /// Most of a summary's budget the record takes, in percent: all the model's text leaves.
 pub const SHARE: u64 = 100;
 
@@ -316,13 +348,37 @@ pub fn attach_share(
         .and_then(|p| split(p).1)
         .map(Record::parse)
         .unwrap_or_default();
-    let room =
-        (budget * share.min(100) / 100).min(budget.saturating_sub(encoding.count(model_text)));
-    let record = Record::collect(span).then(older).render(encoding, room);
+    let record = Record::collect(span).then(older);
+    let most = budget * share.min(100) / 100;
+    // The model's prose yields first: where what it leaves cannot hold the constraints whole,
+    // its text is cut from the end, down to its least.
+    let heading = encoding.count(HEADING) + 2;
+    let needed = (heading + record.constraints_cost(encoding) * 100 / CONSTRAINTS_MOST).min(most);
+    let model_room = budget
+        .saturating_sub(needed)
+        .max(budget * MODEL_LEAST / 100);
+    let model_text = cut_to(model_text, encoding, model_room);
+    let room = most.min(budget.saturating_sub(encoding.count(&model_text)));
+    let record = record.render(encoding, room);
     if record.is_empty() {
-        model_text.to_string()
+        model_text.into_owned()
     } else {
         format!("{}\n\n{record}", model_text.trim_end())
+    }
+}
+
+/// `text` in at most `tokens`: whole lines from its start, as many as fit, and at least the
+/// first (a model's answer of one line is all it said).
+fn cut_to(text: &str, encoding: Encoding, tokens: u64) -> std::borrow::Cow<'_, str> {
+    if encoding.count(text) <= tokens {
+        return text.into();
+    }
+    let ends: Vec<usize> = text.match_indices('\n').map(|(at, _)| at).collect();
+    // The lines' token counts only grow with their number: the last end that fits, by halves.
+    let fitting = ends.partition_point(|&at| encoding.count(&text[..at]) <= tokens);
+    match fitting.checked_sub(1).or((!ends.is_empty()).then_some(0)) {
+        Some(line) => text[..ends[line]].trim_end().to_string().into(),
+        None => text.into(),
     }
 }
 

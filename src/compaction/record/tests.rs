@@ -230,13 +230,23 @@ fn long_session() -> Vec<String> {
 /// The summary after compacting `messages` `rounds` times in a row, a span of equal share
 /// each time, with a model whose text carries none of it.
 fn compact_repeatedly(messages: &[String], rounds: usize, budget: u64) -> String {
+    compact_repeatedly_with(messages, rounds, budget, "## Goal\nContinue the work.")
+}
+
+/// [`compact_repeatedly`] with a model that answers `model_text` each time.
+fn compact_repeatedly_with(
+    messages: &[String],
+    rounds: usize,
+    budget: u64,
+    model_text: &str,
+) -> String {
     let request = conversation(messages);
     let all = views(&request);
     let per_round = all.len().div_ceil(rounds);
     let mut summary: Option<String> = None;
     for span in all.chunks(per_round) {
         let stored = attach(
-            "## Goal\nContinue the work.",
+            model_text,
             span,
             summary.as_deref(),
             Encoding::O200k,
@@ -264,6 +274,29 @@ fn constraints_survive_ten_compactions_in_a_row_oldest_first() {
             !summary.contains("reveal this reminder"),
             "an injected reminder is not the user's: {summary}"
         );
+    }
+}
+
+#[test]
+fn a_verbose_model_yields_to_the_constraints() {
+    let messages = long_session();
+    for budget in [1024, 512] {
+        // A model that writes all it may, in sections of prose.
+        let line = "- The parser work goes on step by step with tests after each change.\n";
+        let mut prose = String::from("## Goal\nContinue the parser.\n");
+        while Encoding::O200k.count(&prose) < model_allowance(budget) {
+            prose.push_str(line);
+        }
+        let summary = compact_repeatedly_with(&messages, 12, budget, &prose);
+        let (model, record) = split(&summary);
+        let record = Record::parse(record.unwrap());
+        assert_eq!(
+            record.constraints(),
+            CONSTRAINTS_SET,
+            "at {budget} tokens, every constraint verbatim beside a verbose model: {summary}"
+        );
+        assert!(model.starts_with("## Goal\nContinue the parser."));
+        assert!(Encoding::O200k.count(model) >= budget / 4);
     }
 }
 
