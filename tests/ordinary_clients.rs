@@ -601,3 +601,38 @@ async fn a_body_over_the_limit_is_answered_413_to_a_client_that_sends_it_all_fir
         );
     }
 }
+
+#[tokio::test]
+async fn a_body_refused_while_the_budget_is_spent_is_answered_503_to_a_client_that_sends_it_all_first(
+) {
+    let mock = start_mock().await;
+    let mut config = config(&mock.url());
+    config.max_body_bytes = 16 * 1024 * 1024;
+    config.max_in_flight_body_bytes = 4 * 1024 * 1024;
+    let proxy = start_proxy(config).await;
+    // A request the provider never answers holds the whole budget.
+    let url = proxy.url();
+    // Two megabytes, most of them whitespace after the JSON, so the request is small in tokens.
+    let held = json!({"model": "mock-hang", "messages": [{"role": "user", "content": "hi"}]});
+    let held = format!("{held}{}", " ".repeat(2 * 1024 * 1024));
+    let holding = tokio::spawn(async move {
+        common::post(
+            &format!("{url}/v1/chat/completions"),
+            &[("authorization", "Bearer k")],
+            held,
+        )
+        .await
+    });
+    common::eventually("the first request to reach the provider", async || {
+        !mock.chats().is_empty()
+    })
+    .await;
+    let addr = proxy.url().trim_start_matches("http://").to_string();
+    let status = send_all_then_read(&addr, "/v1/chat/completions", 4 * 1024 * 1024).await;
+    assert_eq!(
+        status.as_deref(),
+        Ok("HTTP/1.1 503 Service Unavailable"),
+        "the client must read the 503, not a broken pipe"
+    );
+    holding.abort();
+}

@@ -14,7 +14,8 @@
 //! [`DRAIN_MAX_TIME`]) before the 413 goes out: clients such as Python's `http.client` (under the
 //! OpenAI SDK) and httpx write the whole body before they read the answer, and a proxy that
 //! closed at once would leave them with a broken pipe instead of the 413.
-//! When the budget is spent the request is refused with 503 and `retry-after`, rather than
+//! When the budget is spent the request is refused with 503 and `retry-after` (its body drained
+//! the same way), rather than
 //! queued: the client's own retry logic knows what to do with that, and nothing piles up here.
 //! Pass-through bodies are streamed, never buffered, so they only get the read timeout.
 //!
@@ -225,7 +226,16 @@ impl Limits {
             });
         }
         let mut reserved = self.charge(declared.unwrap_or(0));
-        let mut budget = self.reserve(None, reserved)?;
+        let mut budget = match self.reserve(None, reserved) {
+            Ok(budget) => budget,
+            Err(busy) => {
+                // Read and thrown away, as a body over the limit is, so the client reads the 503.
+                if declared.is_none_or(|n| n <= DRAIN_MAX_BYTES) {
+                    drain(&mut body, 0).await;
+                }
+                return Err(busy);
+            }
+        };
         let mut collected = Vec::with_capacity(declared.unwrap_or(0));
         let read = async {
             while let Some(frame) = body.frame().await {
@@ -254,9 +264,9 @@ impl Limits {
             Ok(())
         };
         match tokio::time::timeout(self.body_read_timeout, read).await {
-            Ok(Err(too_large @ ApiError::TooLarge { .. })) => {
+            Ok(Err(refused @ (ApiError::TooLarge { .. } | ApiError::Busy { .. }))) => {
                 drain(&mut body, collected.len()).await;
-                return Err(too_large);
+                return Err(refused);
             }
             Ok(result) => result?,
             Err(_) => return Err(self.timed_out()),
