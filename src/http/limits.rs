@@ -15,8 +15,8 @@
 //! OpenAI SDK) and httpx write the whole body before they read the answer, and a proxy that
 //! closed at once would leave them with a broken pipe instead of the 413.
 //! When the budget is spent the request is refused with 503 and `retry-after` (its body drained
-//! the same way), rather than
-//! queued: the client's own retry logic knows what to do with that, and nothing piles up here.
+//! the same way), rather than queued: the client's own retry logic knows what to do with that,
+//! and nothing piles up here.
 //! Pass-through bodies are streamed, never buffered, so they only get the read timeout.
 //!
 //! A model name is the client's choice too, and it is kept (learned facts are stored under it,
