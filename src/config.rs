@@ -120,6 +120,7 @@ pub struct TimelineConfig {
     pub enabled: bool,
     pub requests_per_conversation: usize,
     pub conversations: usize,
+    pub conversations_per_tenant: usize,
 }
 
 impl Default for TimelineConfig {
@@ -128,6 +129,7 @@ impl Default for TimelineConfig {
             enabled: true,
             requests_per_conversation: 200,
             conversations: 500,
+            conversations_per_tenant: 100,
         }
     }
 }
@@ -381,6 +383,10 @@ impl Config {
                 self.timeline.requests_per_conversation as u64,
             ),
             ("timeline.conversations", self.timeline.conversations as u64),
+            (
+                "timeline.conversations_per_tenant",
+                self.timeline.conversations_per_tenant as u64,
+            ),
         ] {
             if value == 0 {
                 return bad(format!("{key} must be positive"));

@@ -143,6 +143,7 @@ pub async fn build_with_store(
         timeline: config.timeline.enabled.then_some(TimelineBounds {
             requests_per_conversation: config.timeline.requests_per_conversation,
             conversations: config.timeline.conversations,
+            conversations_per_tenant: config.timeline.conversations_per_tenant,
         }),
         context_edits: config.emulates_context_management(),
         client_compaction: ClientCompaction {

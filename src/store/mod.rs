@@ -441,6 +441,7 @@ pub(crate) mod contract {
         let bounds = TimelineBounds {
             requests_per_conversation: 3,
             conversations: 2,
+            conversations_per_tenant: 2,
         };
         let alice = Owner {
             tenant: "ta".into(),
@@ -490,5 +491,42 @@ pub(crate) mod contract {
             "the least recently active conversation is forgotten"
         );
         assert!(store.timeline("x").await.unwrap().is_none());
+
+        // A busy tenant is trimmed to its own bound before it pushes out another's history.
+        let bounds = TimelineBounds {
+            conversations: 4,
+            ..bounds
+        };
+        let (carol, dave) = (
+            Owner {
+                tenant: "tc".into(),
+                tenant_name: None,
+            },
+            Owner {
+                tenant: "td".into(),
+                tenant_name: None,
+            },
+        );
+        let record = |id: &'static str, owner: &Owner, at: u64| {
+            let (owner, row) = (owner.clone(), row(at, None));
+            async move {
+                store
+                    .record_request(id, &owner, &row, bounds)
+                    .await
+                    .unwrap()
+            }
+        };
+        record("d1", &dave, 39).await;
+        for (i, id) in ["c1", "c2", "c3", "c4"].into_iter().enumerate() {
+            record(id, &carol, 40 + i as u64).await;
+        }
+        let listed = store.conversations().await.unwrap();
+        assert_eq!(
+            listed.iter().map(|e| e.id.as_str()).collect::<Vec<_>>(),
+            vec!["c4", "c3", "d1", "z"],
+            "carol keeps her newest two; dave's older one stays"
+        );
+        assert!(store.timeline("c1").await.unwrap().is_none());
+        assert!(store.timeline("c2").await.unwrap().is_none());
     }
 }

@@ -160,6 +160,21 @@ fn record(
         params![id, seq - bounds.requests_per_conversation as i64],
     )
     .map_err(unavailable)?;
+    // The tenant's own bound first, then the store's.
+    tx.execute(
+        "DELETE FROM timeline_requests WHERE conversation IN (
+             SELECT id FROM timeline_conversations WHERE json_extract(body, '$.tenant') = ?1
+             ORDER BY last_ms DESC, id LIMIT -1 OFFSET ?2)",
+        params![entry.owner.tenant, bounds.conversations_per_tenant as i64],
+    )
+    .map_err(unavailable)?;
+    tx.execute(
+        "DELETE FROM timeline_conversations WHERE id IN (
+             SELECT id FROM timeline_conversations WHERE json_extract(body, '$.tenant') = ?1
+             ORDER BY last_ms DESC, id LIMIT -1 OFFSET ?2)",
+        params![entry.owner.tenant, bounds.conversations_per_tenant as i64],
+    )
+    .map_err(unavailable)?;
     tx.execute(
         "DELETE FROM timeline_requests WHERE conversation IN (
              SELECT id FROM timeline_conversations ORDER BY last_ms DESC, id LIMIT -1 OFFSET ?1)",

@@ -2,8 +2,9 @@
 //! the window, the checkpoint it went through, waits, status; never a message), kept by the
 //! store so that every replica shows the same history.
 //!
-//! Bounded twice ([`TimelineBounds`]): a conversation keeps only its newest rows, and the store
-//! keeps only the most recently active conversations, forgetting the others whole. Every store
+//! Bounded three times ([`TimelineBounds`]): a conversation keeps only its newest rows, a tenant
+//! only its most recently active conversations, and the store only the most recently active of
+//! all, forgetting the others whole. Every store
 //! applies the same arithmetic ([`ConversationEntry::absorb`]) to its rows.
 
 use std::collections::{HashMap, VecDeque};
@@ -18,6 +19,9 @@ pub struct TimelineBounds {
     pub requests_per_conversation: usize,
     /// Conversations kept (the most recently active).
     pub conversations: usize,
+    /// Conversations kept per tenant (the most recently active of each), so that one busy
+    /// tenant cannot push every other tenant's history out of the shared bound.
+    pub conversations_per_tenant: usize,
 }
 
 /// One request of a conversation, as served.
@@ -130,6 +134,20 @@ impl MemoryTimelines {
                 }
             }
             None => {
+                let mine = |e: &ConversationEntry| e.owner.tenant == owner.tenant;
+                while all.values().filter(|(e, _)| mine(e)).count()
+                    >= bounds.conversations_per_tenant.max(1)
+                {
+                    let Some(oldest) = all
+                        .iter()
+                        .filter(|(_, (e, _))| mine(e))
+                        .min_by_key(|(_, (e, _))| e.last_ms)
+                        .map(|(id, _)| id.clone())
+                    else {
+                        break;
+                    };
+                    all.remove(&oldest);
+                }
                 while all.len() >= bounds.conversations.max(1) {
                     let Some(oldest) = all
                         .iter()

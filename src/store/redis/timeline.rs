@@ -7,7 +7,9 @@
 //!   request times, counts, the newest row), updated with the rows in one script;
 //! - `compactor:{timeline}:entries`: every conversation's entry as JSON, a copy the list reads
 //!   in one call, and `compactor:{timeline}:index`, a sorted set of the same conversations by
-//!   last activity, trimmed to `conversations` (the trimmed ones' keys are deleted).
+//!   last activity, trimmed to `conversations` (the trimmed ones' keys are deleted); and
+//!   `compactor:{timeline}:tenant:<tenant>`, the same per tenant, trimmed to
+//!   `conversations_per_tenant` first.
 //!
 //! A conversation's two keys share its hash tag, and the list's two share theirs, so each
 //! script touches one slot: the same calls work on a single server and on a cluster. With a
@@ -26,6 +28,9 @@ use super::connection::Connection;
 use super::layout::ttl_ms;
 
 const INDEX: &str = "compactor:{timeline}:index";
+/// A tenant's index is this and the tenant's hash; under the list's hash tag, so the index
+/// script may name another tenant's index it trims from (same slot).
+const TENANT_INDEX_PREFIX: &str = "compactor:{timeline}:tenant:";
 const ENTRIES: &str = "compactor:{timeline}:entries";
 
 fn rows_key(id: &str) -> String {
@@ -61,24 +66,41 @@ end
 return redis.call('HGETALL', entry)
 "#;
 
-/// KEYS: index, entries. ARGV: id, last_ms, entry (JSON), conversations to keep. An entry older
-/// than the one held (a replica that was slower to copy) is not written. Returns the ids of the
-/// conversations trimmed.
+/// KEYS: index, entries, the tenant's index. ARGV: id, last_ms, entry (JSON), conversations to
+/// keep, the tenant's conversations to keep, the tenant index prefix. An entry older than the
+/// one held (a replica that was slower to copy) is not written. Trims the tenant's index, then
+/// the whole one (taking each trimmed conversation out of its tenant's index too). Returns the
+/// ids of the conversations trimmed.
 const INDEX_SCRIPT: &str = r#"
-local index, entries = KEYS[1], KEYS[2]
-local id, at, keep = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[4])
+local index, entries, mine = KEYS[1], KEYS[2], KEYS[3]
+local id, at, keep, keep_mine = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local held = redis.call('ZSCORE', index, id)
 if (not held) or tonumber(held) <= at then
   redis.call('ZADD', index, at, id)
+  redis.call('ZADD', mine, at, id)
   redis.call('HSET', entries, id, ARGV[3])
 end
-local n = redis.call('ZCARD', index)
 local gone = {}
-if n > keep then
-  gone = redis.call('ZRANGE', index, 0, n - keep - 1)
-  for _, old in ipairs(gone) do
+local m = redis.call('ZCARD', mine)
+if m > keep_mine then
+  for _, old in ipairs(redis.call('ZRANGE', mine, 0, m - keep_mine - 1)) do
+    redis.call('ZREM', mine, old)
     redis.call('ZREM', index, old)
     redis.call('HDEL', entries, old)
+    table.insert(gone, old)
+  end
+end
+local n = redis.call('ZCARD', index)
+if n > keep then
+  for _, old in ipairs(redis.call('ZRANGE', index, 0, n - keep - 1)) do
+    local body = redis.call('HGET', entries, old)
+    local ok, entry = pcall(cjson.decode, body or '')
+    if ok and type(entry) == 'table' and type(entry.tenant) == 'string' then
+      redis.call('ZREM', ARGV[6] .. entry.tenant, old)
+    end
+    redis.call('ZREM', index, old)
+    redis.call('HDEL', entries, old)
+    table.insert(gone, old)
   end
 end
 return gone
@@ -132,10 +154,13 @@ pub(super) async fn record(
     let gone: Vec<String> = INDEX_UPDATE
         .key(INDEX)
         .key(ENTRIES)
+        .key(format!("{TENANT_INDEX_PREFIX}{}", owner.tenant))
         .arg(id)
         .arg(entry.last_ms)
         .arg(serde_json::to_string(&entry).map_err(encoding_error)?)
         .arg(bounds.conversations.max(1))
+        .arg(bounds.conversations_per_tenant.max(1))
+        .arg(TENANT_INDEX_PREFIX)
         .invoke_async(conn)
         .await?;
     for id in gone {
