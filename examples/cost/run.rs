@@ -1,0 +1,308 @@
+//! One task replayed one way: every request of a shared session, in order, sent straight
+//! through, through Compactor's engine, or through a proxy that rewrites its summary on every
+//! request; each prompt forwarded goes through the provider's cache ([`cache`]), and so does
+//! each summary request.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use compactor::compaction::{Engine, Parts, RequestContext, Summarizer, SummarizerError};
+use compactor::config::{CompactionConfig, SummarizerConfig};
+use compactor::dialect::chat::request::ChatRequest;
+use compactor::dialect::{Role, SummaryRequest, WireRequest};
+use compactor::identity;
+use compactor::measure::{windows::WindowTable, Measured, Meter};
+use compactor::metrics::Metrics;
+use compactor::store::{memory::MemoryStore, CheckpointStore};
+use compactor::tokenizer::Encoding;
+use serde_json::Value;
+
+use crate::cache::{self, Block, Hit, PromptCache, Provider, TextCache, Tokens};
+
+/// Output tokens of every summary the replay's summarizer writes (less when the request allows
+/// less): about what a model writes for Compactor's summary prompt.
+pub const SUMMARY_TOKENS: u64 = 1500;
+
+/// How a task is sent.
+#[derive(Debug, Clone, Copy)]
+pub enum Way {
+    /// Every request as the client sends it, as if the window held it.
+    Straight,
+    /// Through Compactor at this window.
+    Compactor(u64),
+    /// At this window, through a proxy that summarizes the replaced turns afresh on every
+    /// request over it: the same forwarded sizes as Compactor's, but nothing after the
+    /// instructions is shared with an earlier prompt, and every such request pays a summary of
+    /// everything it replaced.
+    Naive(u64),
+}
+
+/// What one task cost, as each provider would bill it.
+#[derive(Debug, Default, Clone)]
+pub struct Bill {
+    pub requests: u64,
+    pub turns: u64,
+    /// The task's prompts, per provider (in the order of [`cache::PRICES`]).
+    pub prompts: [Tokens; 2],
+    /// The summarizer's prompts and answers, per provider.
+    pub summaries: [Tokens; 2],
+    pub summary_count: u64,
+    pub ahead_of_time: u64,
+    pub ahead_of_time_used: u64,
+}
+
+/// A summarizer that writes [`SUMMARY_TOKENS`] and keeps what it was sent.
+#[derive(Default)]
+struct Writer {
+    running: AtomicU64,
+    written: AtomicU64,
+    sent: Mutex<Vec<(String, u64)>>,
+}
+
+#[async_trait::async_trait]
+impl Summarizer for Writer {
+    async fn summarize(
+        &self,
+        request: &SummaryRequest<'_>,
+        _credentials: &http::HeaderMap,
+    ) -> Result<String, SummarizerError> {
+        self.running.fetch_add(1, Ordering::SeqCst);
+        let n = self.written.fetch_add(1, Ordering::SeqCst);
+        let words = SUMMARY_TOKENS.min(request.max_tokens);
+        let text: String = (0..words).map(|i| format!(" s{n}w{}", i % 7)).collect();
+        let prompt = format!("{}\n{}", request.system, request.user);
+        self.sent.lock().unwrap().push((prompt, words));
+        self.running.fetch_sub(1, Ordering::SeqCst);
+        Ok(text)
+    }
+}
+
+/// Replays `body` (a chat request holding the whole session) the given way.
+pub async fn replay(body: &Value, way: Way) -> Result<Bill, String> {
+    let messages = body["messages"].as_array().ok_or("no messages")?.clone();
+    let model = body["model"].as_str().unwrap_or_default().to_string();
+    let encoding = Encoding::for_model(&model);
+    let meter = Meter::new(100_000);
+    let writer = Arc::new(Writer::default());
+    let metrics = Arc::new(Metrics::default());
+    let engine = match way {
+        Way::Straight => None,
+        Way::Compactor(window) | Way::Naive(window) => {
+            Some(engine(&model, window, writer.clone(), metrics.clone()))
+        }
+    };
+    let context = RequestContext {
+        tenant: identity::tenant("Bearer cost"),
+        ..RequestContext::default()
+    };
+    let roles: Vec<&str> = messages
+        .iter()
+        .map(|m| m["role"].as_str().unwrap_or_default())
+        .collect();
+    // The client asks for an answer after each user message and each batch of tool results.
+    let ends: Vec<usize> = (1..=messages.len())
+        .filter(|&end| end == messages.len() || roles[end] == "assistant")
+        .filter(|&end| matches!(roles[end - 1], "user" | "tool"))
+        .collect();
+    let mut bill = Bill::default();
+    let mut caches = [PromptCache::default(), PromptCache::default()];
+    let mut ready_served = BTreeSet::new();
+    for (n, &end) in ends.iter().enumerate() {
+        let request: Arc<dyn WireRequest> = Arc::new(parse(body, &messages[..end])?);
+        bill.requests += 1;
+        bill.turns += u64::from(roles[end - 1] == "user");
+        // The answer the session recorded next (the same whichever way the prompt went).
+        let output = messages
+            .get(end)
+            .map_or(0, |m| encoding.count(&m["content"].to_string()));
+        let blocks = match &engine {
+            None => blocks_of(&meter.measure(request.as_ref())),
+            Some(engine) => {
+                let prepared = engine
+                    .prepare(&context, &request)
+                    .await
+                    .map_err(|e| format!("request {}: {e}", n + 1))?;
+                let sent = ChatRequest::parse(&prepared.body).map_err(|e| e.to_string())?;
+                let measured = meter.measure(&sent);
+                if prepared.outcome.ready_checkpoint_used && !prepared.outcome.summarized {
+                    ready_served.insert(prepared.outcome.checkpoint_id.clone());
+                }
+                settle(&writer).await;
+                match way {
+                    Way::Naive(_) if prepared.outcome.compacted => {
+                        naive_summary(&mut bill, &measured, &request, &meter);
+                        naive_blocks(&sent, &measured, n)
+                    }
+                    _ => blocks_of(&measured),
+                }
+            }
+        };
+        for (i, provider) in providers().enumerate() {
+            let hit = caches[i].send(&blocks);
+            let usage = cache::usage(provider, hit, output);
+            bill.prompts[i].add(Tokens::from_usage(provider, &usage));
+        }
+    }
+    if !matches!(way, Way::Naive(_)) {
+        let sent = std::mem::take(&mut *writer.sent.lock().unwrap());
+        bill.summary_count = sent.len() as u64;
+        for (i, provider) in providers().enumerate() {
+            let mut cache = TextCache::new(encoding);
+            for (prompt, out) in &sent {
+                let hit = cache.send(prompt.clone());
+                let usage = cache::usage(provider, hit, *out);
+                bill.summaries[i].add(Tokens::from_usage(provider, &usage));
+            }
+        }
+    }
+    let rendered = metrics.render();
+    bill.ahead_of_time = rendered
+        .lines()
+        .filter(|l| l.starts_with("compactor_compactions_total") && l.contains("ahead"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64;
+    bill.ahead_of_time_used = ready_served.len() as u64;
+    Ok(bill)
+}
+
+fn providers() -> impl Iterator<Item = Provider> {
+    cache::PRICES.iter().map(|p| p.provider)
+}
+
+/// Waits for background summaries to finish and be stored: the agent's own work between
+/// requests gives them that time.
+async fn settle(writer: &Writer) {
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    while writer.running.load(Ordering::SeqCst) > 0 {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(2)).await;
+}
+
+/// The tools, then each message, as cache blocks.
+fn blocks_of(measured: &Measured) -> Vec<Block> {
+    std::iter::once(Block {
+        key: 0,
+        tokens: measured.head_tokens,
+    })
+    .chain(measured.elements.iter().map(|e| Block {
+        key: cache::key_of(&e.canonical),
+        tokens: e.tokens,
+    }))
+    .collect()
+}
+
+/// A naive proxy's prompt: the instructions as Compactor sends them, then everything else new
+/// (its summary is written again for this request).
+fn naive_blocks(sent: &ChatRequest, measured: &Measured, n: usize) -> Vec<Block> {
+    let head = sent
+        .messages
+        .iter()
+        .take_while(|m| m.role == Role::System)
+        .count();
+    let mut blocks = blocks_of(measured);
+    let rest: u64 = blocks.drain(head + 1..).map(|b| b.tokens).sum();
+    blocks.push(Block {
+        key: cache::key_of(&("naive", n)),
+        tokens: rest,
+    });
+    blocks
+}
+
+/// A naive proxy's summary for this request: everything the forwarded prompt replaced, read
+/// fresh (it is new text after the summarizer's instructions), and [`SUMMARY_TOKENS`] written.
+fn naive_summary(bill: &mut Bill, sent: &Measured, request: &Arc<dyn WireRequest>, meter: &Meter) {
+    let original = meter.measure(request.as_ref()).total();
+    let replaced = (original + SUMMARY_TOKENS).saturating_sub(sent.total());
+    bill.summary_count += 1;
+    for (i, provider) in providers().enumerate() {
+        let hit = Hit {
+            total: replaced,
+            shared: 0,
+        };
+        let usage = cache::usage(provider, hit, SUMMARY_TOKENS);
+        bill.summaries[i].add(Tokens::from_usage(provider, &usage));
+    }
+}
+
+/// The engine at `window`, with the memory store and the default settings (ahead-of-time
+/// summaries on).
+fn engine(model: &str, window: u64, writer: Arc<Writer>, metrics: Arc<Metrics>) -> Arc<Engine> {
+    let summarizer = SummarizerConfig {
+        window: 1_000_000,
+        ..SummarizerConfig::default()
+    };
+    let parts = Parts {
+        store: Arc::new(MemoryStore::default()) as Arc<dyn CheckpointStore>,
+        meter: Meter::new(100_000),
+        windows: WindowTable::new(&BTreeMap::from([(model.to_string(), window)]), window),
+        summary_writer: writer,
+        metrics,
+    };
+    Arc::new(Engine::new(CompactionConfig::default(), summarizer, parts))
+}
+
+fn parse(body: &Value, messages: &[Value]) -> Result<ChatRequest, String> {
+    let mut body = body.clone();
+    body["messages"] = Value::Array(messages.to_vec());
+    ChatRequest::parse(body.to_string().as_bytes()).map_err(|e| e.to_string())
+}
+
+/// One-shot requests: `count` conversations of one request each, of sizes spread between
+/// `low` and `high` of `window`, cut from the start of `body`'s session. Returns the summaries
+/// written for them (none of which can serve a later request) and their summarizer tokens.
+pub async fn one_shots(
+    body: &Value,
+    window: u64,
+    count: usize,
+    (low, high): (f64, f64),
+) -> Result<(u64, u64, Tokens), String> {
+    let messages = body["messages"].as_array().ok_or("no messages")?.clone();
+    let model = body["model"].as_str().unwrap_or_default().to_string();
+    let meter = Meter::new(100_000);
+    let writer = Arc::new(Writer::default());
+    let metrics = Arc::new(Metrics::default());
+    let engine = engine(&model, window, writer.clone(), metrics.clone());
+    let mut sent = 0;
+    for k in 0..count {
+        let target = window as f64 * (low + (high - low) * k as f64 / (count - 1).max(1) as f64);
+        // The longest start of the session, ending after a user message or tool result, under
+        // the target size.
+        let mut best = None;
+        for end in 1..=messages.len() {
+            let role = messages[end - 1]["role"].as_str().unwrap_or_default();
+            if !matches!(role, "user" | "tool") {
+                continue;
+            }
+            let request = parse(body, &messages[..end])?;
+            if meter.measure(&request).total() as f64 > target {
+                break;
+            }
+            best = Some(request);
+        }
+        let Some(request) = best else { continue };
+        let request: Arc<dyn WireRequest> = Arc::new(request);
+        let context = RequestContext {
+            tenant: identity::tenant(&format!("Bearer one-shot {k}")),
+            ..RequestContext::default()
+        };
+        engine
+            .prepare(&context, &request)
+            .await
+            .map_err(|e| e.to_string())?;
+        settle(&writer).await;
+        sent += 1;
+    }
+    let written = std::mem::take(&mut *writer.sent.lock().unwrap());
+    let mut tokens = Tokens::default();
+    for (prompt, out) in &written {
+        tokens.add(Tokens {
+            fresh: Encoding::for_model(&model).count(prompt),
+            output: *out,
+            ..Tokens::default()
+        });
+    }
+    Ok((sent, written.len() as u64, tokens))
+}
