@@ -119,8 +119,27 @@ pub enum Provider {
     OpenAi,
 }
 
+/// Whether a prompt marks its end as a cache breakpoint. Only Anthropic-style billing reads
+/// it: OpenAI caches every prompt on its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Breakpoint {
+    /// The client's requests (coding agents mark the newest message).
+    AtEnd,
+    /// Compactor's summary requests, which carry no `cache_control`: nothing is read or
+    /// written at Anthropic, all is fresh input.
+    None,
+}
+
 /// A provider's `usage` for a prompt the cache found as `hit`, with `output` tokens answered.
-pub fn usage(provider: Provider, hit: Hit, output: u64) -> Value {
+pub fn usage(provider: Provider, hit: Hit, breakpoint: Breakpoint, output: u64) -> Value {
+    if provider == Provider::Anthropic && breakpoint == Breakpoint::None {
+        return json!({
+            "input_tokens": hit.total,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 0,
+            "output_tokens": output,
+        });
+    }
     let read = if hit.shared >= MIN_CACHED {
         hit.shared
     } else {
@@ -285,7 +304,12 @@ mod tests {
 
         let anthropic: Vec<Tokens> = [first, grown, compacted, back]
             .iter()
-            .map(|h| Tokens::from_usage(Provider::Anthropic, &usage(Provider::Anthropic, *h, 7)))
+            .map(|h| {
+                Tokens::from_usage(
+                    Provider::Anthropic,
+                    &usage(Provider::Anthropic, *h, Breakpoint::AtEnd, 7),
+                )
+            })
             .collect();
         let t = |fresh, read, written| Tokens {
             fresh,
@@ -305,7 +329,12 @@ mod tests {
         );
         let openai: Vec<Tokens> = [first, grown, compacted, back]
             .iter()
-            .map(|h| Tokens::from_usage(Provider::OpenAi, &usage(Provider::OpenAi, *h, 7)))
+            .map(|h| {
+                Tokens::from_usage(
+                    Provider::OpenAi,
+                    &usage(Provider::OpenAi, *h, Breakpoint::AtEnd, 7),
+                )
+            })
             .collect();
         // Steps of 128: 1,200 cached tokens are reported as 1,152; 1,400 as 1,280.
         assert_eq!(
@@ -326,6 +355,7 @@ mod tests {
                     total: 500,
                     shared: 400,
                 },
+                Breakpoint::AtEnd,
                 0,
             ),
         );

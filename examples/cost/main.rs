@@ -43,7 +43,7 @@ async fn main() -> Result<(), String> {
     let prices = &cache::PRICES;
     writeln!(
         table,
-        "| session | way | requests | turns | fresh | read | written | summarizer in / out | summaries | per 100 requests | per turn | ahead of time (used) | cache-read share | {} $ | × straight | {} $ | × straight |",
+        "| session | way | requests | turns | fresh | read | written | summarizer in (read) / out | summaries (requests) | per 100 requests | per turn | ahead of time (used) | cache-read share | {} $ | × straight | {} $ | × straight |",
         prices[0].name, prices[1].name
     )
     .unwrap();
@@ -162,15 +162,17 @@ fn row(name: &str, label: &str, bill: &Bill, dollars: [f64; 2], straight: [f64; 
         )
     };
     format!(
-        "| {name} | {label} | {} | {} | {} | {} | {} | {} / {} | {} | {:.1} | {:.2} | {used} | {share:.0} % | {:.2} | {:.2} | {:.2} | {:.2} |",
+        "| {name} | {label} | {} | {} | {} | {} | {} | {} ({}) / {} | {} ({}) | {:.1} | {:.2} | {used} | {share:.0} % | {:.2} | {:.2} | {:.2} | {:.2} |",
         bill.requests,
         bill.turns,
         a.fresh,
         a.read,
         a.written,
         s.input(),
+        bill.summaries[1].read,
         s.output,
         bill.summary_count,
+        bill.summary_requests,
         100.0 * bill.summary_count as f64 / bill.requests.max(1) as f64,
         bill.summary_count as f64 / bill.turns.max(1) as f64,
         dollars[0],

@@ -19,7 +19,7 @@ use compactor::store::{memory::MemoryStore, CheckpointStore};
 use compactor::tokenizer::Encoding;
 use serde_json::Value;
 
-use crate::cache::{self, Block, Hit, PromptCache, Provider, TextCache, Tokens};
+use crate::cache::{self, Block, Breakpoint, Hit, PromptCache, Provider, TextCache, Tokens};
 
 /// Output tokens of every summary the replay's summarizer writes (less when the request allows
 /// less): about what a model writes for Compactor's summary prompt.
@@ -48,7 +48,9 @@ pub struct Bill {
     pub prompts: [Tokens; 2],
     /// The summarizer's prompts and answers, per provider.
     pub summaries: [Tokens; 2],
+    /// Compactions (summaries stored), and the summary requests they took.
     pub summary_count: u64,
+    pub summary_requests: u64,
     pub ahead_of_time: u64,
     pub ahead_of_time_used: u64,
 }
@@ -141,23 +143,35 @@ pub async fn replay(body: &Value, way: Way) -> Result<Bill, String> {
         };
         for (i, provider) in providers().enumerate() {
             let hit = caches[i].send(&blocks);
-            let usage = cache::usage(provider, hit, output);
+            let usage = cache::usage(provider, hit, Breakpoint::AtEnd, output);
             bill.prompts[i].add(Tokens::from_usage(provider, &usage));
         }
     }
     if !matches!(way, Way::Naive(_)) {
         let sent = std::mem::take(&mut *writer.sent.lock().unwrap());
-        bill.summary_count = sent.len() as u64;
+        bill.summary_requests = sent.len() as u64;
         for (i, provider) in providers().enumerate() {
             let mut cache = TextCache::new(encoding);
             for (prompt, out) in &sent {
                 let hit = cache.send(prompt.clone());
-                let usage = cache::usage(provider, hit, *out);
+                let usage = cache::usage(provider, hit, Breakpoint::None, *out);
                 bill.summaries[i].add(Tokens::from_usage(provider, &usage));
             }
         }
     }
     let rendered = metrics.render();
+    if !matches!(way, Way::Naive(_)) {
+        bill.summary_count = rendered
+            .lines()
+            .filter(|l| l.starts_with("compactor_compactions_total"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as u64;
+    } else {
+        // The naive proxy's own summaries were counted; Compactor's, which only chose the
+        // forwarded sizes, are not its.
+        bill.summary_requests = bill.summary_count;
+        return Ok(bill);
+    }
     bill.ahead_of_time = rendered
         .lines()
         .filter(|l| l.starts_with("compactor_compactions_total") && l.contains("ahead"))
@@ -222,7 +236,7 @@ fn naive_summary(bill: &mut Bill, sent: &Measured, request: &Arc<dyn WireRequest
             total: replaced,
             shared: 0,
         };
-        let usage = cache::usage(provider, hit, SUMMARY_TOKENS);
+        let usage = cache::usage(provider, hit, Breakpoint::None, SUMMARY_TOKENS);
         bill.summaries[i].add(Tokens::from_usage(provider, &usage));
     }
 }
