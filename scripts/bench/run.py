@@ -273,8 +273,9 @@ events {{ worker_connections 16384; multi_accept on; }}
 """
 
 
-def nginx_http_common(tmp, name):
-    return f"""  access_log off;
+def nginx_http_common(tmp, name, access_log=False):
+    log = f"access_log {tmp}/{name}.access.log" if access_log else "access_log off"
+    return f"""  {log};
   keepalive_requests 10000000;
   keepalive_timeout 300s;
   client_max_body_size 0;
@@ -312,9 +313,10 @@ def write_mock_conf(tmp, port, workers=1):
     return path
 
 
-def write_nginx_proxy_conf(tmp, port, mock_port, slow_port, workers=1):
-    conf = nginx_common(tmp, "proxy", workers) + f"""http {{
-{nginx_http_common(tmp, "proxy")}  upstream mock {{ server 127.0.0.1:{mock_port}; keepalive 512; }}
+def write_nginx_proxy_conf(tmp, port, mock_port, slow_port, workers=1, name="proxy",
+                           access_log=False):
+    conf = nginx_common(tmp, name, workers) + f"""http {{
+{nginx_http_common(tmp, name, access_log)}  upstream mock {{ server 127.0.0.1:{mock_port}; keepalive 512; }}
   upstream slowmock {{ server 127.0.0.1:{slow_port}; keepalive 64; }}
   server {{
     listen 127.0.0.1:{port} backlog=4096;
@@ -327,7 +329,7 @@ def write_nginx_proxy_conf(tmp, port, mock_port, slow_port, workers=1):
   }}
 }}
 """
-    path = os.path.join(tmp, "proxy.conf")
+    path = os.path.join(tmp, f"{name}.conf")
     with open(path, "w") as f:
         f.write(conf)
     return path
@@ -429,11 +431,19 @@ class Direct(System):
         pass
 
 
+LOG_ON = " +log"  # the name suffix of a system's twin measured with its request log on
+
+
 class Nginx(System):
+    """nginx as a plain reverse proxy; `log_on`: with `access_log` (the default combined format,
+    unbuffered, to a file), else `access_log off`."""
     name = "nginx"
 
-    def __init__(self, env):
+    def __init__(self, env, log_on=False):
         self.env = env
+        self.log_on = log_on
+        if log_on:
+            self.name = self.name + LOG_ON
         self.port = free_port()
         base = f"http://127.0.0.1:{self.port}"
         self.json_url = base + "/v1/chat/completions"
@@ -442,8 +452,10 @@ class Nginx(System):
 
     def start(self):
         e = self.env
-        conf = write_nginx_proxy_conf(e.tmp, self.port, e.mock_port, e.slow_port, e.server_ncpu)
-        p = Proc("nginx-proxy", ["nginx", "-p", e.tmp, "-e", f"{e.tmp}/proxy.error.log", "-c", conf],
+        name = "proxylog" if self.log_on else "proxy"
+        conf = write_nginx_proxy_conf(e.tmp, self.port, e.mock_port, e.slow_port, e.server_ncpu,
+                                      name=name, access_log=self.log_on)
+        p = Proc(f"nginx-{name}", ["nginx", "-p", e.tmp, "-e", f"{e.tmp}/{name}.error.log", "-c", conf],
                  cpus=e.server_cpus, log_dir=e.tmp)
         self.procs = [p]
         wait_http(self.json_url, self.small_body(), proc=p)
@@ -480,8 +492,13 @@ class Compactor(System):
     requests, `sse` for the fast stream, `slow` (the slow mock) for open streams and chunk timing."""
     name = "Compactor"
 
-    def __init__(self, env):
+    def __init__(self, env, log_on=False):
+        """`log_on`: `COMPACTOR_LOG=info` (the default: a line per request, to stderr, which the
+        run sends to a file), else BENCH_COMPACTOR_LOG (default warn: no line per request)."""
         self.env = env
+        self.log_on = log_on
+        if log_on:
+            self.name = self.name + LOG_ON
         self.ports = {k: free_port() for k in ("main", "sse", "slow")}
         self.json_url = f"http://127.0.0.1:{self.ports['main']}/v1/chat/completions"
         self.sse_url = f"http://127.0.0.1:{self.ports['sse']}/v1/chat/completions"
@@ -494,7 +511,10 @@ class Compactor(System):
             f.write(config_text)
         cmd = [e.compactor, "serve", "--listen", f"127.0.0.1:{port}", "--upstream", upstream,
                "--config", cfg]
-        env = dict(os.environ, COMPACTOR_LOG=os.environ.get("BENCH_COMPACTOR_LOG", "warn"))
+        level = "info" if self.log_on else os.environ.get("BENCH_COMPACTOR_LOG", "warn")
+        env = dict(os.environ, COMPACTOR_LOG=level)
+        if self.log_on:
+            key = f"log-{key}"
         return Proc(f"compactor-{key}", cmd, cpus=e.server_cpus, env=env, log_dir=e.tmp)
 
     def config_file(self):
@@ -517,9 +537,9 @@ class BaselineCompactor(Compactor):
     """Another build of Compactor (--baseline-compactor), measured beside the current one in the
     same run: same config, same mocks, interleaved in every round."""
 
-    def __init__(self, env):
-        super().__init__(env)
-        self.name = f"Compactor {env.baseline_name}"
+    def __init__(self, env, log_on=False):
+        super().__init__(env, log_on)
+        self.name = f"Compactor {env.baseline_name}" + (LOG_ON if log_on else "")
 
     def config_file(self):
         """The config/compactor.toml of the tree the binary was built in (an older build may not
@@ -540,6 +560,11 @@ class BaselineCompactor(Compactor):
 
 def is_compactor(name):
     return name.startswith("Compactor")
+
+
+def is_log_twin(name):
+    """A system's twin with its request log on: measured in the load rounds only."""
+    return name.endswith(LOG_ON)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -696,9 +721,10 @@ def sdk_rounds(systems, env, results):
     """The real-SDK row, interleaved like the load: each round runs every system once, in a
     rotating order. Added p50 is taken per round against that round's direct (the machine's
     moments shared), and reported as the median over rounds beside the pooled figures."""
-    systems = [s for s in systems if s.name != "LiteLLM"]
-    times = {s.name: {"json": [], "sse": []} for s in systems}
-    per_round = {s.name: {"json": [], "sse": []} for s in systems}
+    systems = [s for s in systems if s.name != "LiteLLM" and not is_log_twin(s.name)]
+    kinds = ("json", "sse", "sse_first")
+    times = {s.name: {k: [] for k in kinds} for s in systems}
+    per_round = {s.name: {k: [] for k in kinds} for s in systems}
     for rnd in range(env.sdk_rounds):
         order = systems[rnd % len(systems):] + systems[:rnd % len(systems)]
         got = {}
@@ -707,7 +733,7 @@ def sdk_rounds(systems, env, results):
                 f"(round {rnd + 1}/{env.sdk_rounds})")
             got[s.name] = run_sdk_client(s, env)
         for s in systems:
-            for kind in ("json", "sse"):
+            for kind in kinds:
                 times[s.name][kind] += got[s.name][kind]
                 per_round[s.name][kind].append(pct(got[s.name][kind], .5) - pct(got["direct"][kind], .5))
     for s in systems:
@@ -964,7 +990,8 @@ def report(env, results, extra):
     row("stream TTFB **added** p50 / p99 (ms)",
         lambda r: "floor" if r is base else
         f"{(r['ttfb']['p50'] - base['ttfb']['p50']) * 1e3:+.3f} / {(r['ttfb']['p99'] - base['ttfb']['p99']) * 1e3:+.3f}")
-    for kind, label in (("json", "non-streaming"), ("sse", "streaming, whole stream")):
+    for kind, label in (("json", "non-streaming"), ("sse", "streaming, whole stream"),
+                        ("sse_first", "streaming, time to first event")):
         row(f"OpenAI Python SDK, kept alive, {label}: p50 / p99 (ms)",
             lambda r, kind=kind: f"{ms(r['sdk'][kind]['p50'])} / {ms(r['sdk'][kind]['p99'])}")
         row(f"OpenAI Python SDK, kept alive, {label}: **added** p50 / p99 (ms), all rounds pooled",
@@ -989,6 +1016,7 @@ def report(env, results, extra):
              "kind (see below). \"–\": no process of its own.")
     L.append("")
 
+    L += saturation_table(env, results)
     comp = results.get("Compactor")
     L.append("## Compactor only")
     L.append("")
@@ -1075,6 +1103,42 @@ def report(env, results, extra):
     return "\n".join(L) + "\n"
 
 
+def saturation_table(env, results):
+    """Saturated throughput beside nginx's at the same connection count, with the request log
+    off and on for both, and what the log line costs each (issue 26, points 1 and 2)."""
+    n, nl = results.get("nginx"), results.get("nginx" + LOG_ON)
+    builds = [k for k in results if is_compactor(k) and not is_log_twin(k)]
+    if not n or not builds:
+        return []
+    L = ["## Saturation beside nginx, request log off and on", "",
+         f"wrk `-t{env.wrk_threads} -c{env.wrk_conns}` against every system (same connection count), "
+         f"median of {env.rounds} interleaved rounds. Log off: nginx `access_log off`, Compactor "
+         f"`COMPACTOR_LOG=warn`. Log on: nginx `access_log` (combined format, unbuffered, to a file), "
+         f"Compactor `COMPACTOR_LOG=info` (its default: one line per request, stderr to a file). "
+         f"Log cost = 1 − (req/s with log on ÷ req/s with it off).", "",
+         "| system | req/s, log off | req/s, log on | log line's cost | ÷ nginx, log off | ÷ nginx, log on | "
+         "CPU per request, off / on (µs) |",
+         "|---|---|---|---|---|---|---|"]
+
+    def rps(r):
+        return r["sat"]["rps"] if r and r.get("sat") else None
+
+    def cpu(r):
+        v = r["sat"].get("cpu_us_per_req") if r and r.get("sat") else None
+        return "n/a" if v is None else f"{v:.0f}"
+
+    for name in ["nginx"] + builds:
+        off, on = results.get(name), results.get(name + LOG_ON)
+        a, b = rps(off), rps(on)
+        cost = f"{100 * (1 - b / a):.1f} %" if a and b else "n/a"
+        r_off = f"{a / rps(n):.2f}×" if a and rps(n) else "n/a"
+        r_on = f"{b / rps(nl):.2f}×" if b and rps(nl) else "n/a"
+        L.append(f"| {name} | {'n/a' if a is None else f'{a:,.0f}'} | {'n/a' if b is None else f'{b:,.0f}'} | "
+                 f"{cost} | {r_off} | {r_on} | {cpu(off)} / {cpu(on)} |")
+    L.append("")
+    return L
+
+
 def verdict(ok):
     return "n/a" if ok is None else ("met" if ok else "**not met**")
 
@@ -1128,11 +1192,15 @@ def targets(env, results, extra):
                     f"delay p50 {ms(c['chunks']['p50'])} / max {ms(cm)} ms vs direct {ms(d['chunks']['p50'])} / "
                     f"{ms(dm)} ms, {c['chunks']['n']}/{d['chunks']['n']} chunks", verdict(ok)))
     if c.get("sdk") and d.get("sdk"):
-        for kind, label in (("json", "non-streaming"), ("sse", "streaming")):
+        for kind, label, limit in (("json", "non-streaming: added p50 ≤ 0.2 ms", 0.0002),
+                                   ("sse", "streaming: added p50 ≤ 0.2 ms", 0.0002),
+                                   ("sse_first", "streaming: time to first event added ≤ 0.5 ms", 0.0005)):
+            if not c["sdk"].get(kind):
+                continue
             a = c["sdk"][kind]["added_p50_median"]
-            out.append((f"(issue 16) OpenAI Python SDK, kept alive, {label}: added p50 ≤ 0.2 ms",
+            out.append((f"(issues 16, 26) OpenAI Python SDK, kept alive, {label}",
                         f"{a * 1e3:+.3f} ms (median over {len(c['sdk'][kind]['added_p50_rounds'])} "
-                        f"rounds of the round's added p50)", verdict(a <= 0.0002)))
+                        f"rounds of the round's added p50)", verdict(a <= limit)))
     else:
         out.append(("(issue 16) OpenAI Python SDK: added p50 ≤ 0.2 ms",
                     "n/a: not measured (no --sdk-python)", "n/a"))
@@ -1148,6 +1216,19 @@ def targets(env, results, extra):
         ratio = c["sat"]["rps"] / n["sat"]["rps"]
         out.append(("throughput ≥ ½ of nginx's", f"{c['sat']['rps']:,.0f} vs nginx {n['sat']['rps']:,.0f} req/s ({ratio:.2f}×)",
                     verdict(ratio >= 0.5)))
+    cl, nl = results.get("Compactor" + LOG_ON), results.get("nginx" + LOG_ON)
+    if cl and nl and cl.get("sat") and nl.get("sat"):
+        ratio = cl["sat"]["rps"] / nl["sat"]["rps"]
+        out.append(("(issue 26) throughput ≥ ½ of nginx's, both with the request log on",
+                    f"{cl['sat']['rps']:,.0f} vs nginx {nl['sat']['rps']:,.0f} req/s ({ratio:.2f}×)",
+                    verdict(ratio >= 0.5)))
+        if c.get("sat"):
+            cost = 1 - cl["sat"]["rps"] / c["sat"]["rps"]
+            out.append(("(issue 26) the per-request log line costs ≤ 3 % of saturated throughput",
+                        f"{100 * cost:.1f} %", verdict(cost <= 0.03)))
+    a50, a99 = added(c, "p50"), added(c, "p99")
+    out.append(("(issue 26) 1,000 req/s: added p50 ≤ 0.05 ms / p99 ≤ 0.5 ms", f"{ms(a50)} / {ms(a99)}",
+                verdict(None if a50 is None or a99 is None else a50 <= 0.00005 and a99 <= 0.0005)))
     cr = extra.get("compaction") or {}
     aot, off = cr.get("crossing_aot_added_ms"), cr.get("crossing_no_aot_added_ms")
     if aot is not None:
@@ -1239,6 +1320,9 @@ def main():
                          "(root), so that other work on a shared machine cannot delay them; the load "
                          "generators and clients stay at --nice; the kernel's real-time throttling "
                          "still leaves others 5%% of a core")
+    ap.add_argument("--log", choices=["both", "off"], default="both",
+                    help="both: nginx and each Compactor build also run as a twin with its request "
+                         "log on (nginx access_log, COMPACTOR_LOG=info) in the load rounds")
     ap.add_argument("--oha-conns", type=int, default=32)
     ap.add_argument("--wrk-conns", type=int, default=64)
     ap.add_argument("--wrk-threads", type=int, default=0,
@@ -1294,7 +1378,7 @@ def main():
     notes = []
 
     env.tmp = tempfile.mkdtemp(prefix="compactor-bench-")
-    for d in ("mock-body", "proxy-body", "mock-proxy", "proxy-proxy"):
+    for d in ("mock-body", "proxy-body", "mock-proxy", "proxy-proxy", "proxylog-body", "proxylog-proxy"):
         os.makedirs(os.path.join(env.tmp, d), exist_ok=True)
     soft, hard = __import__("resource").getrlimit(__import__("resource").RLIMIT_NOFILE)
     __import__("resource").setrlimit(__import__("resource").RLIMIT_NOFILE, (hard, hard))
@@ -1310,7 +1394,9 @@ def main():
         versions.append(tool_version([a.oha, "--version"]))
     notes += [
         "Logging: nginx `access_log off`; LiteLLM `LITELLM_LOG=ERROR`; Compactor `COMPACTOR_LOG=warn` "
-        "(its default, info, writes a line per request).",
+        "(its default, info, writes a line per request); the systems named \"+log\" are their twins "
+        "with the request log on (nginx `access_log` to a file, `COMPACTOR_LOG=info`), measured in the "
+        "load rounds only.",
         f"nginx (mock and proxy): {env.server_ncpu} worker process(es), one per core given to the servers. "
         f"LiteLLM: `litellm --config … --num_workers {env.litellm_workers}`, a master key, no database; "
         "its `openai/` provider pointed at the mock.",
@@ -1344,6 +1430,8 @@ def main():
         systems = [Direct(env)]
         if "nginx" in want:
             systems.append(Nginx(env))
+            if a.log in ("both", "on"):
+                systems.append(Nginx(env, log_on=True))
         if "litellm" in want:
             if shutil.which(a.litellm) or os.path.exists(a.litellm):
                 systems.append(LiteLLM(env))
@@ -1354,6 +1442,8 @@ def main():
         if "compactor" in want:
             if os.path.exists(a.compactor):
                 systems.append(Compactor(env))
+                if a.log in ("both", "on"):
+                    systems.append(Compactor(env, log_on=True))
                 versions.append(f"compactor {revision_of(a.compactor)}")
             else:
                 notes.append(f"Compactor: n/a: feature missing (no binary at {a.compactor})")
@@ -1361,6 +1451,8 @@ def main():
                 if os.path.exists(a.baseline_compactor):
                     baseline = BaselineCompactor(env)
                     systems.insert(-1, baseline)
+                    if a.log in ("both", "on"):
+                        systems.insert(-1, BaselineCompactor(env, log_on=True))
                     versions.append(f"{baseline.name}: {revision_of(a.baseline_compactor)}")
                     notes.append(f"{baseline.name}: `{a.baseline_compactor}`, started like Compactor "
                                  f"but with the config file of its own tree (`{baseline.config_file()}`); "
@@ -1389,6 +1481,9 @@ def main():
         # one system at a time from here on; LiteLLM last (it leaves upstream streams open)
         for s in sorted(started, key=lambda s: s.name == "LiteLLM"):
             r = results[s.name]
+            if is_log_twin(s.name):
+                s.stop()
+                continue
             try:
                 if "streaming" in env.phases:
                     measure_streaming(s, env, r)

@@ -2,7 +2,8 @@
 
 One `OpenAI` client per base URL (httpx underneath, connections kept alive between requests),
 sequential chat completions, non-streaming and streaming; prints one JSON object with the wall
-time of each request in seconds (a streaming request ends when its last event has been read).
+time of each request in seconds (a streaming request ends when its last event has been read) and,
+for streams, the time until the SDK yields the first event (`sse_first`).
 Run with an interpreter that has `openai` installed (scripts/bench.sh makes one).
 """
 import argparse
@@ -39,12 +40,19 @@ def main():
     def complete():
         plain.chat.completions.create(model=a.model, messages=messages, max_tokens=16)
 
+    firsts = []
+
     def stream():
+        started = time.perf_counter()
+        first = None
         for _ in streaming.chat.completions.create(model=a.model, messages=messages,
                                                   max_tokens=16, stream=True):
-            pass
+            if first is None:
+                first = time.perf_counter() - started
+        firsts.append(first)
 
     out = {"json": timed(a.n, a.warmup, complete), "sse": timed(a.n, a.warmup, stream)}
+    out["sse_first"] = firsts[a.warmup:]
     print(json.dumps(out))
 
 
