@@ -6,6 +6,10 @@
 #   scripts/bench.sh                      # everything (about 5-8 minutes on 2 cores)
 #   scripts/bench.sh --systems nginx,compactor --seconds 5
 #   scripts/bench.sh --help               # all options (scripts/bench/run.py)
+#   # the load rounds also run nginx and Compactor with their request logs on (`--log both`, the
+#   # default; `--log off` skips those twins) and print the log line's cost beside nginx's
+#   # per-stage costs: cargo run --release --example stage_costs
+#   # a 200k-token body in all three dialects: scripts/bench/large_dialects.py --compactor BIN
 #   # two builds in one run, interleaved (e.g. before and after a change):
 #   scripts/bench.sh --systems compactor --baseline-compactor ../before/target/release/compactor \
 #     --baseline-name b78c675 --label before-after
