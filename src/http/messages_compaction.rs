@@ -8,6 +8,9 @@
 //! not open for this client (forged, another client's, another provider's), whose content was
 //! edited, that stands anywhere but first, or that comes with another, is refused with
 //! Anthropic's 400.
+//!
+//! The `compact_20260112` context edit (beta `compact-2026-01-12`) is answered the same way
+//! once the prompt passes its trigger, with `pause_after_compaction: true`.
 
 use std::sync::Arc;
 
@@ -46,13 +49,39 @@ pub(super) async fn read(
     check_model_name(request.model())?;
     let expanded = expand(app, tenant, &mut request).await?;
     let asked = compaction::on_demand(&request)?;
+    let edit = compaction::compact_edit(&request)?;
     compaction::remove_on_demand(&mut request);
-    match asked {
-        Some(asked) if answer => Ok(Read::Answered(
-            answer_on_demand(app, tenant, headers, request, asked).await?,
-        )),
-        _ => Ok(Read::Request(request, expanded)),
+    if !answer {
+        return Ok(Read::Request(request, expanded));
     }
+    if let Some(asked) = asked {
+        return Ok(Read::Answered(
+            answer_on_demand(app, tenant, headers, request, asked).await?,
+        ));
+    }
+    let Some(edit) = edit else {
+        return Ok(Read::Request(request, expanded));
+    };
+    if app.engine.meter().measure(&request).total() <= edit.trigger_tokens {
+        return Ok(Read::Request(request, expanded));
+    }
+    if !edit.pause_after_compaction {
+        // Compacting and then sampling in one answer is not served yet: refusing says so,
+        // where forwarding would silently leave the context unmanaged.
+        return Err(ApiError::BadRequest {
+            message: "the `compact_20260112` edit is served with `pause_after_compaction: true` \
+                      only: send the compaction block back and ask again to continue"
+                .into(),
+            param: Some("context_management.edits".into()),
+            code: Some("unsupported_compaction_mode"),
+        });
+    }
+    let asked = OnDemand {
+        instructions: edit.instructions,
+    };
+    Ok(Read::Answered(
+        answer_on_demand(app, tenant, headers, request, asked).await?,
+    ))
 }
 
 fn refused(message: impl Into<String>) -> ApiError {
@@ -158,6 +187,7 @@ async fn answer_on_demand(
         summary: &summary,
         signature: &sealed,
         input_tokens: checkpoint.tokens_before,
+        output_tokens: crate::tokenizer::Encoding::O200k.count(&summary),
     };
     let body = compaction::answer(issued, stream);
     let content_type = if stream {

@@ -22,6 +22,93 @@ pub struct OnDemand {
     pub instructions: Option<String>,
 }
 
+/// The context edit that compacts at a threshold (beta `compact-2026-01-12`).
+pub const COMPACT_EDIT: &str = "compact_20260112";
+
+/// Anthropic's default trigger for [`COMPACT_EDIT`].
+const DEFAULT_COMPACT_TRIGGER_TOKENS: u64 = 150_000;
+
+/// What a `compact_20260112` edit asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CompactEdit {
+    /// Compact once the prompt passes this many tokens.
+    pub trigger_tokens: u64,
+    pub instructions: Option<String>,
+    /// Answer with the compaction block alone (`stop_reason: "compaction"`).
+    pub pause_after_compaction: bool,
+}
+
+/// The `compact_20260112` edit of `context_management.edits`, if there is one; any other
+/// edit is left to the edits reader.
+pub fn compact_edit(request: &MessagesRequest) -> Result<Option<CompactEdit>, RequestError> {
+    let Some(raw) = request.fields.get(super::edits::FIELD) else {
+        return Ok(None);
+    };
+    let value: Value = serde_json::from_str(raw.get()).unwrap_or(Value::Null);
+    let Some(list) = value.get("edits").and_then(Value::as_array) else {
+        return Ok(None);
+    };
+    let mut found = None;
+    for (i, edit) in list.iter().enumerate() {
+        if edit.get("type").and_then(Value::as_str) != Some(COMPACT_EDIT) {
+            continue;
+        }
+        let at = format!("{}.edits.{i}", super::edits::FIELD);
+        let refused = |field: &str, reason: &str| RequestError::ContextEdit {
+            param: format!("{at}{field}"),
+            reason: reason.to_string(),
+        };
+        if found.is_some() {
+            return Err(refused(
+                ".type",
+                "`compact_20260112` is given more than once",
+            ));
+        }
+        let Some(edit) = edit.as_object() else {
+            continue;
+        };
+        if let Some(extra) = edit.keys().find(|k| {
+            !["type", "trigger", "instructions", "pause_after_compaction"].contains(&k.as_str())
+        }) {
+            return Err(refused(&format!(".{extra}"), "unknown field"));
+        }
+        let trigger_tokens =
+            match edit.get("trigger") {
+                None | Some(Value::Null) => DEFAULT_COMPACT_TRIGGER_TOKENS,
+                Some(trigger) => match (
+                    trigger.get("type").and_then(Value::as_str),
+                    trigger.get("value").and_then(Value::as_u64),
+                ) {
+                    (Some("input_tokens"), Some(value))
+                        if trigger.as_object().map(|o| o.len()) == Some(2) =>
+                    {
+                        value
+                    }
+                    _ => return Err(refused(
+                        ".trigger",
+                        "expected {\"type\": \"input_tokens\", \"value\": a non-negative integer}",
+                    )),
+                },
+            };
+        let instructions = match edit.get("instructions") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(text)) => Some(text.trim().to_string()).filter(|t| !t.is_empty()),
+            Some(_) => return Err(refused(".instructions", "expected a string")),
+        };
+        let pause_after_compaction = match edit.get("pause_after_compaction") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(pause)) => *pause,
+            Some(_) => return Err(refused(".pause_after_compaction", "expected a boolean")),
+        };
+        found = Some(CompactEdit {
+            trigger_tokens,
+            instructions,
+            pause_after_compaction,
+        });
+    }
+    Ok(found)
+}
+
 /// A `compaction` block in a request: where it stands and what it carries.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SentBack {
@@ -116,7 +203,7 @@ pub fn expand_first(request: &mut MessagesRequest, summary: &str) -> Result<(), 
 }
 
 /// A compaction block as issued: for which model, under which id, its summary and signature,
-/// and the size of the conversation it stands for.
+/// the size of the conversation it stands for and of the summary.
 #[derive(Debug, Clone, Copy)]
 pub struct Issued<'a> {
     pub model: &'a str,
@@ -124,6 +211,8 @@ pub struct Issued<'a> {
     pub summary: &'a str,
     pub signature: &'a str,
     pub input_tokens: u64,
+    /// Tokens of the summary written.
+    pub output_tokens: u64,
 }
 
 /// The answer to an on-demand compaction: the `compaction` block alone, whole or as the
@@ -135,9 +224,15 @@ pub fn answer(issued: Issued<'_>, stream: bool) -> Vec<u8> {
         summary,
         signature,
         input_tokens,
+        output_tokens,
     } = issued;
-    let usage = json!({"input_tokens": input_tokens, "output_tokens": 0,
-                       "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0});
+    let step = json!({"type": "compaction", "input_tokens": input_tokens,
+                      "output_tokens": output_tokens, "cache_creation_input_tokens": 0,
+                      "cache_read_input_tokens": 0});
+    // The compaction step is the whole of this answer: no message was sampled after it.
+    let usage = json!({"input_tokens": input_tokens, "output_tokens": output_tokens,
+                       "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
+                       "iterations": [step]});
     let block = json!({"type": "compaction", "content": summary, "signature": signature});
     let message = |content: Value, stop: Value| {
         json!({"id": format!("msg_{id}"), "type": "message", "role": "assistant", "model": model,
@@ -156,7 +251,7 @@ pub fn answer(issued: Issued<'_>, stream: bool) -> Vec<u8> {
                "delta": {"type": "compaction_delta", "content": summary}}),
         json!({"type": "content_block_stop", "index": 0}),
         json!({"type": "message_delta", "delta": {"stop_reason": "compaction", "stop_sequence": null},
-               "usage": {"output_tokens": 0}}),
+               "usage": {"output_tokens": output_tokens, "iterations": usage["iterations"]}}),
         json!({"type": "message_stop"}),
     ];
     let mut out = String::new();

@@ -81,12 +81,15 @@ pub fn read(request: &MessagesRequest) -> Result<Option<ContextEdits>, RequestEr
                 }
                 edits.thinking = Some(thinking(edit, &at)?);
             }
+            // Read by `compaction::compact_edit`: it compacts rather than clears.
+            super::compaction::COMPACT_EDIT => {}
             other => {
                 return Err(refused(
                     format!("{at}.type"),
                     format!(
                         "the context edit type `{other}` is not one Compactor serves \
-                         (expected `{CLEAR_TOOL_USES}` or `{CLEAR_THINKING}`)"
+                         (expected `{CLEAR_TOOL_USES}`, `{CLEAR_THINKING}` or `{}`)",
+                        super::compaction::COMPACT_EDIT
                     ),
                 ))
             }
