@@ -106,26 +106,19 @@ pub(super) async fn expand(
             param: Some(format!("input[{index}]")),
             code: Some("invalid_compaction_item"),
         };
-        let id = app
-            .client_compaction
-            .sealer
-            .current()
-            .open(&tenant.seed, &content)
-            .map_err(|e| refused(format!("this compaction item cannot be used: {e}")))?;
-        let checkpoint = app
-            .engine
-            .store()
-            .get(&id)
-            .await
-            .map_err(|e| ApiError::Internal(format!("checkpoint store: {e}")))?
-            .filter(|cp| cp.tenant == identity::hex(&tenant.seed))
-            .ok_or_else(|| {
-                refused(
+        let checkpoint = match open_sealed(app, tenant, &content).await? {
+            Ok(checkpoint) => checkpoint,
+            Err(Unsealed::Invalid(e)) => {
+                return Err(refused(format!("this compaction item cannot be used: {e}")))
+            }
+            Err(Unsealed::Gone) => {
+                return Err(refused(
                     "the summary this compaction item stands for is no longer stored; \
                      start the conversation again"
                         .into(),
-                )
-            })?;
+                ))
+            }
+        };
         replacements.push((index, summary_item(&app.engine.summary_text(&checkpoint))));
         last = checkpoint.id;
     }
@@ -136,6 +129,40 @@ pub(super) async fn expand(
         });
     }
     Ok(Some(last))
+}
+
+/// Why a sealed compaction reference gave no checkpoint.
+pub(super) enum Unsealed {
+    /// It does not open for this tenant (forged, another tenant's, damaged): why.
+    Invalid(String),
+    /// It opened, but its checkpoint is no longer stored for this tenant.
+    Gone,
+}
+
+/// Opens a compaction reference Compactor sealed for `tenant` (a Responses item's content, a
+/// Messages block's signature) and loads the checkpoint it names, which must be that tenant's.
+pub(super) async fn open_sealed(
+    app: &App,
+    tenant: &Tenant,
+    sealed: &str,
+) -> Result<Result<crate::store::Checkpoint, Unsealed>, ApiError> {
+    let id = match app
+        .client_compaction
+        .sealer
+        .current()
+        .open(&tenant.seed, sealed)
+    {
+        Ok(id) => id,
+        Err(e) => return Ok(Err(Unsealed::Invalid(e.to_string()))),
+    };
+    let stored = app
+        .engine
+        .store()
+        .get(&id)
+        .await
+        .map_err(|e| ApiError::Internal(format!("checkpoint store: {e}")))?
+        .filter(|cp| cp.tenant == identity::hex(&tenant.seed));
+    Ok(stored.ok_or(Unsealed::Gone))
 }
 
 /// Whether a body that is not a Responses request Compactor can read still carries one of the

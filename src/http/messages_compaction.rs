@@ -18,6 +18,7 @@ use axum::response::{IntoResponse, Response};
 use http::HeaderMap;
 
 use super::app::App;
+use super::client_compaction::{open_sealed, Unsealed};
 use super::error::ApiError;
 use super::headers::{credential_headers, instructions, set};
 use super::limits::check_model_name;
@@ -26,7 +27,6 @@ use crate::compaction::{RequestContext, SummaryError};
 use crate::dialect::anthropic::compaction::{self, OnDemand};
 use crate::dialect::anthropic::parse::MessagesRequest;
 use crate::dialect::WireRequest;
-use crate::identity;
 
 /// What a Messages body became once its compaction blocks were read.
 pub(super) enum Read {
@@ -115,25 +115,20 @@ async fn expand(
         )));
     }
     let signature = block.signature.as_deref().unwrap_or("");
-    let id = app
-        .client_compaction
-        .sealer
-        .current()
-        .open(&tenant.seed, signature)
-        .map_err(|e| refused(format!("the compaction block's signature is invalid: {e}")))?;
-    let checkpoint = app
-        .engine
-        .store()
-        .get(&id)
-        .await
-        .map_err(|e| ApiError::Internal(format!("checkpoint store: {e}")))?
-        .filter(|cp| cp.tenant == identity::hex(&tenant.seed))
-        .ok_or_else(|| {
-            refused(
+    let checkpoint = match open_sealed(app, tenant, signature).await? {
+        Ok(checkpoint) => checkpoint,
+        Err(Unsealed::Invalid(e)) => {
+            return Err(refused(format!(
+                "the compaction block's signature is invalid: {e}"
+            )))
+        }
+        Err(Unsealed::Gone) => {
+            return Err(refused(
                 "the summary this compaction block stands for is no longer stored; start the \
                  conversation again",
-            )
-        })?;
+            ))
+        }
+    };
     let summary = app.engine.summary_text(&checkpoint);
     if block.content.as_deref() != Some(&*summary) {
         return Err(refused(
