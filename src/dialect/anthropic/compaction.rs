@@ -22,8 +22,7 @@ pub struct OnDemand {
     pub instructions: Option<String>,
 }
 
-/// The context edit that compacts at a threshold (beta `compact-2026-01-12`).
-pub const COMPACT_EDIT: &str = "compact_20260112";
+use super::edits::COMPACT_EDIT;
 
 /// Anthropic's default trigger for [`COMPACT_EDIT`].
 const DEFAULT_COMPACT_TRIGGER_TOKENS: u64 = 150_000;

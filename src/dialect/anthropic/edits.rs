@@ -33,6 +33,9 @@ const DEFAULT_KEEP_THINKING_TURNS: u64 = 1;
 
 const CLEAR_TOOL_USES: &str = "clear_tool_uses_20250919";
 const CLEAR_THINKING: &str = "clear_thinking_20251015";
+/// The context edit that compacts at a threshold (beta `compact-2026-01-12`); read by
+/// `compaction::compact_edit`, since it compacts rather than clears.
+pub const COMPACT_EDIT: &str = "compact_20260112";
 
 /// The edits the body asks for, or `None` when it has no `context_management`.
 pub fn read(request: &MessagesRequest) -> Result<Option<ContextEdits>, RequestError> {
@@ -81,15 +84,13 @@ pub fn read(request: &MessagesRequest) -> Result<Option<ContextEdits>, RequestEr
                 }
                 edits.thinking = Some(thinking(edit, &at)?);
             }
-            // Read by `compaction::compact_edit`: it compacts rather than clears.
-            super::compaction::COMPACT_EDIT => {}
+            COMPACT_EDIT => {}
             other => {
                 return Err(refused(
                     format!("{at}.type"),
                     format!(
                         "the context edit type `{other}` is not one Compactor serves \
-                         (expected `{CLEAR_TOOL_USES}`, `{CLEAR_THINKING}` or `{}`)",
-                        super::compaction::COMPACT_EDIT
+                         (expected `{CLEAR_TOOL_USES}`, `{CLEAR_THINKING}` or `{COMPACT_EDIT}`)"
                     ),
                 ))
             }
