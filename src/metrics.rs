@@ -71,6 +71,7 @@ pub struct Metrics {
     pub tokens_saved: Counter,
     pub checkpoint_lookups: Family<ResultLabel, Counter>,
     pub ready_checkpoints_used: Counter,
+    pub clearings_applied: Counter,
     pub overflow_retries: Counter,
     pub store_errors: Counter,
     pub tenant_requests: Family<TenantLabel, Counter>,
@@ -163,6 +164,12 @@ impl Default for Metrics {
             "Requests over the limit served by a checkpoint prepared ahead of time",
             ready_checkpoints_used.clone(),
         );
+        let clearings_applied = Counter::default();
+        registry.register(
+            "clearings_applied",
+            "Requests kept under their budget by clearing old tool results, with no summary",
+            clearings_applied.clone(),
+        );
         let overflow_retries = Counter::default();
         registry.register(
             "overflow_retries",
@@ -225,6 +232,7 @@ impl Default for Metrics {
             tokens_saved,
             checkpoint_lookups,
             ready_checkpoints_used,
+            clearings_applied,
             overflow_retries,
             store_errors,
             tenant_requests,

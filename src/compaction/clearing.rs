@@ -16,13 +16,14 @@
 use std::collections::BTreeSet;
 
 use crate::dialect::edits::{
-    AppliedEdit, ClearThinking, ClearToolUses, ClearTrigger, Clearable, ClearedResult, Clearing,
-    ContextEdits,
+    AppliedEdit, ClearInputs, ClearThinking, ClearToolUses, ClearTrigger, Clearable, ClearedResult,
+    Clearing, ContextEdits,
 };
 use crate::dialect::{Role, WireRequest};
+use crate::identity::Hash;
 use crate::tokenizer::REPLY_PRIMING;
 
-use super::Engine;
+use super::{Engine, Mode};
 
 /// The one line a cleared tool result becomes: the tool, the size of what it returned and its
 /// outcome, so the model knows something was there and may call the tool again.
@@ -193,6 +194,15 @@ fn replay(
             .filter(|&u| !cleared[u] && !edit.exclude_tools.contains(uses[u].tool))
             .collect();
         let gain: u64 = candidates.iter().map(|&u| uses[u].freed).sum();
+        if edit.only_when_enough {
+            if let ClearTrigger::InputTokens(limit) = edit.trigger {
+                if sent.saturating_sub(freed + freed_thinking(p) + gain) > limit {
+                    // Clearing is not enough here: a summary is made at this point, and
+                    // nothing it covers may change after it.
+                    break;
+                }
+            }
+        }
         if candidates.is_empty() || gain < edit.clear_at_least {
             continue;
         }
@@ -305,6 +315,54 @@ impl Engine {
         let planned = plan(edits, &conversation, |text| encoding.count(text));
         request.apply_clearing(&planned.clearing);
         planned.applied
+    }
+}
+
+impl Engine {
+    /// The engine's cheapest step, before any summary: clears the oldest tool results of a
+    /// request that nears its budget (the soft threshold when summaries are made ahead of time,
+    /// else the limit) when that alone brings it under, the newest
+    /// `clear_keep_tool_uses` uses kept whole. Replayed from the start like every clearing, so
+    /// a later request of the conversation is cleared identically up to its new turns.
+    pub async fn clear_first(
+        &self,
+        request: &mut dyn WireRequest,
+        mode: Mode,
+        tenant: &Hash,
+    ) -> Vec<AppliedEdit> {
+        if !self.config.enabled || !self.config.clear_tool_results_first || mode != Mode::Auto {
+            return vec![];
+        }
+        let model = request.model().to_string();
+        let (facts, _) = self.model_facts(&model).await;
+        let window = self.window_of(&model, &facts, Some(super::learn::tenant_tag(tenant)));
+        let correction = self.correction(&model, &facts);
+        let limit = window.saturating_sub(self.config.margin_tokens.min(window / 16));
+        let budget = if self.config.ahead_of_time {
+            (limit as f64 * self.config.soft_threshold) as u64
+        } else {
+            limit
+        };
+        let reserve = request.output_reserve(self.config.reserve_output_tokens.min(window / 4));
+        let Some(room) = budget.checked_sub(reserve) else {
+            return vec![];
+        };
+        let edits = ContextEdits {
+            tool_uses: Some(ClearToolUses {
+                trigger: ClearTrigger::InputTokens(correction.unscale(room)),
+                keep: self.config.clear_keep_tool_uses,
+                clear_at_least: 0,
+                exclude_tools: BTreeSet::new(),
+                clear_inputs: ClearInputs::None,
+                only_when_enough: true,
+            }),
+            thinking: None,
+        };
+        let applied = self.clear_context(request, &edits);
+        if !applied.is_empty() {
+            self.metrics.clearings_applied.inc();
+        }
+        applied
     }
 }
 

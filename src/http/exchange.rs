@@ -193,6 +193,12 @@ impl<'a> Exchange<'a> {
         };
         spans::model_asked(&mut self.span, request.model());
         let applied_edits = self.clear_context(request.as_mut())?;
+        if applied_edits.is_none() {
+            self.app
+                .engine
+                .clear_first(request.as_mut(), mode, &self.tenant.seed)
+                .await;
+        }
         let asked_usage = self.app.calibrate_streams && request.ask_for_usage();
         let request: Arc<dyn WireRequest> = Arc::from(request);
         let context = RequestContext {
@@ -305,6 +311,13 @@ impl<'a> Exchange<'a> {
             Parsed::ServerState(bytes) => return self.forward(bytes).await,
         };
         let applied_edits = self.clear_context(request.as_mut())?;
+        if applied_edits.is_none() {
+            // Counted as it would be sent: cleared as the request itself would be.
+            self.app
+                .engine
+                .clear_first(request.as_mut(), Mode::Auto, &self.tenant.seed)
+                .await;
+        }
         let request: Arc<dyn WireRequest> = Arc::from(request);
         let context = RequestContext {
             tenant: self.tenant.seed,

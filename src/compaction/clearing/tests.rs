@@ -75,6 +75,7 @@ fn tool_edit(trigger: ClearTrigger, keep: u64) -> ClearToolUses {
         clear_at_least: 0,
         exclude_tools: BTreeSet::new(),
         clear_inputs: ClearInputs::None,
+        only_when_enough: false,
     }
 }
 

@@ -194,6 +194,7 @@ fn tool_uses(edit: &Map<String, Value>, at: &str) -> Result<ClearToolUses, Reque
         clear_at_least,
         exclude_tools,
         clear_inputs,
+        only_when_enough: false,
     })
 }
 
