@@ -1,0 +1,209 @@
+//! Old tool output cleared before anything is summarized, through the proxy against a mock
+//! Messages provider: a tool-heavy conversation that nears its budget is forwarded with its
+//! oldest results stubbed and no summary asked for, the next request (on this replica or
+//! another) is forwarded with the same bytes up to its new turns, a conversation that clearing
+//! cannot bring under its budget is summarized, and one tenant's checkpoint never serves another.
+
+mod common;
+
+use common::messages_mock::{self, MessagesMock, Received};
+use common::{start_proxy, Proxy, Reply};
+use serde_json::{json, Value};
+
+const MODEL: &str = "qwen2.5-coder-0.5b";
+const WINDOW: u64 = 4000;
+
+async fn proxy_for(mock: &MessagesMock, clear_first: bool) -> Proxy {
+    let mut config = common::config("http://127.0.0.1:9/v1");
+    config.anthropic_upstream = mock.url();
+    config.windows.insert(MODEL.to_string(), WINDOW);
+    config.compaction.keep_recent_tokens = WINDOW / 3;
+    config.compaction.clear_tool_results_first = clear_first;
+    config.summarizer.window = 100_000;
+    start_proxy(config).await
+}
+
+async fn post(proxy: &Proxy, key: &str, body: &Value) -> Reply {
+    let headers = [
+        ("x-api-key", key),
+        ("content-type", "application/json"),
+        ("anthropic-version", "2023-06-01"),
+    ];
+    common::post(
+        &format!("{}/v1/messages", proxy.url()),
+        &headers,
+        body.to_string(),
+    )
+    .await
+}
+
+/// A user request, then `steps` Read calls, each result about `words` tokens long.
+fn tool_loop(steps: usize, words: usize) -> Vec<Value> {
+    let mut messages = vec![json!({"role": "user", "content": "read every source file"})];
+    for t in 0..steps {
+        messages.push(json!({"role": "assistant", "content": [
+            {"type": "tool_use", "id": format!("toolu_{t}"), "name": "Read",
+             "input": {"path": format!("src/f{t}.rs")}}]}));
+        messages.push(json!({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": format!("toolu_{t}"),
+             "content": format!("fn f{t}() {{}} {}", "data ".repeat(words))}]}));
+    }
+    messages
+}
+
+fn request(messages: &[Value]) -> Value {
+    json!({"model": MODEL, "max_tokens": 256, "system": "be brief", "messages": messages})
+}
+
+/// The raw JSON text of each message in a forwarded body, in order.
+fn raw_messages(received: &Received) -> Vec<String> {
+    #[derive(serde::Deserialize)]
+    struct Body<'a> {
+        #[serde(borrow)]
+        messages: Vec<&'a serde_json::value::RawValue>,
+    }
+    let body: Body = serde_json::from_slice(&received.body).unwrap();
+    body.messages.iter().map(|m| m.get().to_string()).collect()
+}
+
+/// The text of the tool result of step `t` in a forwarded body.
+fn result_text(body: &Value, t: usize) -> String {
+    let content = &body["messages"][2 + 2 * t]["content"][0]["content"];
+    match content {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+#[tokio::test]
+async fn old_tool_results_are_cleared_instead_of_summarized_and_stay_cleared() {
+    let mock = messages_mock::start().await;
+    let proxy = proxy_for(&mock, true).await;
+    let steps = 8;
+    let mut messages = tool_loop(steps, 600);
+    let first = request(&messages);
+    let reply = post(&proxy, "sk-a", &first).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert!(mock.summaries().is_empty(), "no summary asked for");
+
+    let forwarded = mock.forwarded()[0].json();
+    assert_eq!(
+        forwarded["messages"].as_array().unwrap().len(),
+        messages.len()
+    );
+    let stubbed: Vec<usize> = (0..steps)
+        .filter(|&t| result_text(&forwarded, t).contains("cleared to save context"))
+        .collect();
+    assert!(!stubbed.is_empty(), "old results stubbed: {forwarded}");
+    assert_eq!(
+        stubbed,
+        (0..stubbed.len()).collect::<Vec<_>>(),
+        "oldest first"
+    );
+    let stub = result_text(&forwarded, 0);
+    assert!(stub.contains("Read") && stub.contains("tokens"), "{stub}");
+    assert!(!stub.contains("data data"), "{stub}");
+    // The call and its arguments stay.
+    assert_eq!(forwarded["messages"][1], messages[1]);
+    // The newest steps reach the model whole.
+    for t in steps - 3..steps {
+        assert_eq!(
+            forwarded["messages"][2 + 2 * t],
+            messages[2 + 2 * t],
+            "step {t}"
+        );
+    }
+
+    // The next step: the same clearing, byte for byte, and still no summary.
+    messages.push(json!({"role": "assistant", "content": [
+        {"type": "tool_use", "id": "toolu_next", "name": "Read", "input": {"path": "src/g.rs"}}]}));
+    messages.push(json!({"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "toolu_next", "content": "fn g() {}"}]}));
+    let reply = post(&proxy, "sk-a", &request(&messages)).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert!(mock.summaries().is_empty(), "still no summary");
+    let all = mock.forwarded();
+    let (before, after) = (raw_messages(&all[0]), raw_messages(&all[1]));
+    assert_eq!(after[..before.len()], before[..], "byte-stable prefix");
+    assert_eq!(after.len(), before.len() + 2);
+}
+
+#[tokio::test]
+async fn another_replica_clears_the_same_way() {
+    let mock = messages_mock::start().await;
+    let (one, two) = (proxy_for(&mock, true).await, proxy_for(&mock, true).await);
+    let mut messages = tool_loop(8, 600);
+    assert_eq!(post(&one, "sk-a", &request(&messages)).await.status, 200);
+    messages.extend(tool_loop(1, 5).into_iter().skip(1).map(|mut m| {
+        if let Some(block) = m["content"][0].as_object_mut() {
+            for key in ["id", "tool_use_id"] {
+                if block.contains_key(key) {
+                    block.insert(key.into(), json!("toolu_other"));
+                }
+            }
+        }
+        m
+    }));
+    assert_eq!(post(&two, "sk-a", &request(&messages)).await.status, 200);
+    let all = mock.forwarded();
+    let (before, after) = (raw_messages(&all[0]), raw_messages(&all[1]));
+    assert!(before.iter().any(|m| m.contains("cleared to save context")));
+    assert_eq!(after[..before.len()], before[..]);
+    assert!(mock.summaries().is_empty());
+}
+
+#[tokio::test]
+async fn without_clearing_first_the_same_conversation_is_summarized() {
+    let mock = messages_mock::start().await;
+    let proxy = proxy_for(&mock, false).await;
+    let reply = post(&proxy, "sk-a", &request(&tool_loop(8, 600))).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    common::eventually("a summary", async || !mock.summaries().is_empty()).await;
+    assert!(!mock.forwarded()[0]
+        .json()
+        .to_string()
+        .contains("cleared to save context"));
+}
+
+/// A conversation whose weight is in what the user pasted, not in tool output.
+fn pasted_loop() -> Vec<Value> {
+    let mut messages = vec![
+        json!({"role": "user", "content": format!("here is the log {}", "line ".repeat(2500))}),
+    ];
+    messages.extend(tool_loop(3, 400).into_iter().skip(1));
+    messages
+}
+
+#[tokio::test]
+async fn a_conversation_clearing_cannot_bring_under_is_summarized() {
+    let mock = messages_mock::start().await;
+    let proxy = proxy_for(&mock, true).await;
+    let reply = post(&proxy, "sk-a", &request(&pasted_loop())).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert!(!mock.summaries().is_empty(), "a summary was written");
+    assert!(!mock.forwarded()[0]
+        .json()
+        .to_string()
+        .contains("cleared to save context"));
+}
+
+#[tokio::test]
+async fn one_tenants_checkpoint_never_serves_another() {
+    let mock = messages_mock::start().await;
+    let proxy = proxy_for(&mock, true).await;
+    let body = request(&pasted_loop());
+    assert_eq!(post(&proxy, "sk-a", &body).await.status, 200);
+    let after_a = mock.summaries().len();
+    assert!(after_a > 0);
+    // The same conversation from another tenant is summarized for that tenant, not served
+    // tenant A's checkpoint.
+    assert_eq!(post(&proxy, "sk-b", &body).await.status, 200);
+    assert!(
+        mock.summaries().len() > after_a,
+        "tenant B got its own summary"
+    );
+    // And tenant A's next request reuses its own.
+    let summaries = mock.summaries().len();
+    assert_eq!(post(&proxy, "sk-a", &body).await.status, 200);
+    assert_eq!(mock.summaries().len(), summaries);
+}
