@@ -95,6 +95,10 @@ struct Args {
     /// No model is asked.
     #[arg(long)]
     probes: bool,
+    /// In the probe benchmark's replays, summarize at every crossing: no old tool output is
+    /// cleared first (`compaction.clear_tool_results_first = false`).
+    #[arg(long)]
+    no_clearing: bool,
     /// Markdown file the results are appended to.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -145,6 +149,7 @@ async fn run(args: &Args) -> Result<(), String> {
             date: &args.date,
             out: args.out.as_deref(),
             summaries: args.summaries.as_deref(),
+            clear_first: !args.no_clearing,
         })
         .await;
     }

@@ -34,6 +34,8 @@ pub struct ProbeArgs<'a> {
     pub out: Option<&'a Path>,
     /// Where the last summary of each replay is written, for reading.
     pub summaries: Option<&'a Path>,
+    /// Whether the replayed engine clears old tool output before it summarizes.
+    pub clear_first: bool,
 }
 
 /// One scored request: its probes' tally and its tokens against the history's.
@@ -62,11 +64,12 @@ pub async fn run(args: &ProbeArgs<'_>) -> Result<(), String> {
                 let body: Value =
                     serde_json::from_slice(&bytes).map_err(|e| format!("{name}: {e}"))?;
                 let started = std::time::Instant::now();
-                let replayed = replay::replay(&body, args.window).await?;
+                let replayed = replay::replay(&body, args.window, args.clear_first).await?;
                 eprintln!(
-                    "fidelity: {name}: {} requests, {} compactions, {:.0} s",
+                    "fidelity: {name}: {} requests, {} compactions, {} clearings, {:.0} s",
                     replayed.requests,
                     replayed.compactions,
+                    replayed.clearings,
                     started.elapsed().as_secs_f64()
                 );
                 if let Some(dir) = args.summaries {
@@ -242,8 +245,9 @@ fn report(
         for (name, r) in replays {
             let _ = writeln!(
                 out,
-                "- {name}: {} requests, {} compactions in a row",
-                r.requests, r.compactions
+                "- {name}: {} requests, {} compactions in a row, {} crossings answered by \
+                 clearing old tool output alone (no model call), {} summary requests",
+                r.requests, r.compactions, r.clearings, r.summary_requests
             );
         }
         out.push('\n');

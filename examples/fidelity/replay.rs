@@ -12,10 +12,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use compactor::compaction::summary_text::SUMMARY_PREAMBLE;
-use compactor::compaction::{Engine, Parts, RequestContext, Summarizer, SummarizerError};
+use compactor::compaction::{Engine, Mode, Parts, RequestContext, Summarizer, SummarizerError};
 use compactor::config::{CompactionConfig, SummarizerConfig};
 use compactor::dialect::chat::request::ChatRequest;
-use compactor::dialect::{MessageView, Role, SummaryRequest, WireRequest};
+use compactor::dialect::{AppliedEdit, MessageView, Role, SummaryRequest, WireRequest};
 use compactor::identity;
 use compactor::measure::{windows::WindowTable, Meter};
 use compactor::metrics::Metrics;
@@ -45,6 +45,11 @@ pub struct Replay {
     pub requests: usize,
     /// Requests that moved the cut forward: compaction points.
     pub compactions: usize,
+    /// Requests that crossed the budget and were brought under it by a new clearing of old
+    /// tool output, with no summary (no model call).
+    pub clearings: usize,
+    /// Summary requests the engine made (model calls).
+    pub summary_requests: u64,
     /// At each compaction point, the newly replaced span's probes on the request forwarded.
     pub at_points: Tally,
     /// The same probes on a drop-oldest request of the same size at each point.
@@ -62,13 +67,13 @@ pub struct Replay {
 }
 
 /// Replays `body` (a chat request with the whole conversation) at `window` tokens.
-pub async fn replay(body: &Value, window: u64) -> Result<Replay, String> {
+pub async fn replay(body: &Value, window: u64, clear_first: bool) -> Result<Replay, String> {
     let messages = body["messages"]
         .as_array()
         .ok_or("the conversation has no messages")?
         .clone();
     let model = body["model"].as_str().unwrap_or_default();
-    let engine = engine(model, window);
+    let (engine, metrics) = engine(model, window, clear_first);
     let context = RequestContext {
         tenant: identity::tenant("Bearer fidelity"),
         ..RequestContext::default()
@@ -95,8 +100,21 @@ pub async fn replay(body: &Value, window: u64) -> Result<Replay, String> {
         .filter(|&end| matches!(views[end - 1].0, Role::User | Role::Tool))
         .collect();
     let mut last_sent = Vec::new();
+    let mut cleared_before = 0;
     for &end in &ends {
-        let request: Arc<dyn WireRequest> = Arc::new(parse(body, &messages[..end])?);
+        let mut parsed = parse(body, &messages[..end])?;
+        let cleared: u64 = engine
+            .clear_first(&mut parsed, Mode::Auto, &context.tenant)
+            .await
+            .iter()
+            .map(|edit| match *edit {
+                AppliedEdit::ToolUses {
+                    cleared_tool_uses, ..
+                } => cleared_tool_uses,
+                AppliedEdit::Thinking { .. } => 0,
+            })
+            .sum();
+        let request: Arc<dyn WireRequest> = Arc::new(parsed);
         let prepared = engine
             .prepare(&context, &request)
             .await
@@ -104,6 +122,10 @@ pub async fn replay(body: &Value, window: u64) -> Result<Replay, String> {
         out.requests += 1;
         let sent = parse_sent(&prepared.body)?;
         let now_covered = cut_of(&sent, end);
+        if cleared > cleared_before && now_covered == covered {
+            out.clearings += 1;
+        }
+        cleared_before = cleared;
         if now_covered > covered {
             out.compactions += 1;
             let span = &views[covered..now_covered];
@@ -122,6 +144,7 @@ pub async fn replay(body: &Value, window: u64) -> Result<Replay, String> {
         }
         last_sent = prepared.body;
     }
+    out.summary_requests = metrics.summary_requests.get();
     let sent = parse_sent(&last_sent)?;
     out.last_summary = sent
         .messages
@@ -138,12 +161,12 @@ pub async fn replay(body: &Value, window: u64) -> Result<Replay, String> {
 }
 
 /// The engine at `window`, with the memory store, real time and no ahead-of-time summaries (a
-/// replay sends the next request at once). A variant of the engine measured beside this one
-/// (old tool output cleared before anything is summarized, once the engine has it) is a change
-/// to this configuration, run once each way under its own `--label`.
-fn engine(model: &str, window: u64) -> Arc<Engine> {
+/// replay sends the next request at once), clearing old tool output first or not; and its
+/// metrics (the summary requests it made).
+fn engine(model: &str, window: u64, clear_first: bool) -> (Arc<Engine>, Arc<Metrics>) {
     let config = CompactionConfig {
         ahead_of_time: false,
+        clear_tool_results_first: clear_first,
         max_summary_chunks: 10_000,
         ..CompactionConfig::default()
     };
@@ -151,15 +174,16 @@ fn engine(model: &str, window: u64) -> Arc<Engine> {
         window: 1_000_000,
         ..SummarizerConfig::default()
     };
+    let metrics = Arc::new(Metrics::default());
     let parts = Parts {
         store: Arc::new(MemoryStore::default()) as Arc<dyn CheckpointStore>,
         meter: Meter::new(100_000),
         // The model's window as configured: a known model's own window would win over a default.
         windows: WindowTable::new(&BTreeMap::from([(model.to_string(), window)]), window),
         summary_writer: Arc::new(Blank),
-        metrics: Arc::new(Metrics::default()),
+        metrics: metrics.clone(),
     };
-    Arc::new(Engine::new(config, summarizer, parts))
+    (Arc::new(Engine::new(config, summarizer, parts)), metrics)
 }
 
 /// Where the conversation's own turns start: after its instructions.

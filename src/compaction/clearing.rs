@@ -299,6 +299,13 @@ impl Engine {
         request: &mut dyn WireRequest,
         edits: &ContextEdits,
     ) -> Vec<AppliedEdit> {
+        let planned = self.plan_clearing(request, edits);
+        request.apply_clearing(&planned.clearing);
+        planned.applied
+    }
+
+    /// What `edits` clear of `request`, planned on its counted elements.
+    fn plan_clearing(&self, request: &dyn WireRequest, edits: &ContextEdits) -> Planned {
         let measured = self.meter.measure(request);
         let encoding = measured.encoding;
         let roles: Vec<Role> = (0..request.len()).map(|i| request.role(i)).collect();
@@ -312,9 +319,7 @@ impl Engine {
             tokens: &tokens,
             clearable: &clearable,
         };
-        let planned = plan(edits, &conversation, |text| encoding.count(text));
-        request.apply_clearing(&planned.clearing);
-        planned.applied
+        plan(edits, &conversation, |text| encoding.count(text))
     }
 }
 
@@ -331,6 +336,10 @@ impl Engine {
         tenant: &Hash,
     ) -> Vec<AppliedEdit> {
         if !self.config.enabled || !self.config.clear_tool_results_first || mode != Mode::Auto {
+            return vec![];
+        }
+        if !matches!(request.context_edits(), Ok(None)) {
+            // The client asked for its own clearing (served by the provider): left to it.
             return vec![];
         }
         let model = request.model().to_string();
@@ -358,11 +367,14 @@ impl Engine {
             }),
             thinking: None,
         };
-        let applied = self.clear_context(request, &edits);
-        if !applied.is_empty() {
-            self.metrics.clearings_applied.inc();
+        let planned = self.plan_clearing(request, &edits);
+        if planned.clearing.is_empty() {
+            // Untouched: not even what the client asked the provider for is removed.
+            return vec![];
         }
-        applied
+        request.apply_clearing(&planned.clearing);
+        self.metrics.clearings_applied.inc();
+        planned.applied
     }
 }
 

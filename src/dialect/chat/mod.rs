@@ -11,6 +11,7 @@
 //! them to the seam's two traits.
 
 pub mod count;
+pub mod edits;
 pub mod render;
 pub mod request;
 pub mod transcript;
@@ -21,8 +22,8 @@ use serde_json::json;
 use crate::dialect::media::{Billing, MediaCost};
 use crate::dialect::overflow::{self, Overflow};
 use crate::dialect::{
-    AnswerError, CallSettings, ClientError, Dialect, MessageView, RequestError, Role,
-    SummaryRequest, Through, Usage, WireRequest,
+    AnswerError, CallSettings, Clearable, Clearing, ClientError, Dialect, MessageView,
+    RequestError, Role, SummaryRequest, Through, Usage, WireRequest,
 };
 use crate::identity::{self, Hash};
 use crate::tokenizer::{Cancel, Encoding, TOKENS_FOR_TOOLS};
@@ -141,6 +142,14 @@ impl WireRequest for ChatRequest {
 
     fn raw(&self, index: usize) -> &str {
         self.messages[index].raw.get()
+    }
+
+    fn clearable(&self, encoding: Encoding, index: usize) -> Clearable {
+        edits::clearable(&self.messages[index], encoding)
+    }
+
+    fn apply_clearing(&mut self, clearing: &Clearing) {
+        edits::apply(&mut self.messages, clearing)
     }
 
     fn canonical(&self, index: usize) -> Hash {
