@@ -589,6 +589,9 @@ fn compaction_config(budgets: Budgets) -> CompactionConfig {
         reserve_output_tokens: RESERVE,
         margin_tokens: MARGIN,
         ahead_of_time: false,
+        // The battery measures the summary path; clearing first is tested in
+        // tests/clearing_first.rs.
+        clear_tool_results_first: false,
         ..CompactionConfig::default()
     }
 }

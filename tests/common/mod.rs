@@ -411,6 +411,9 @@ pub fn config(upstream: &str) -> Config {
         ..Config::default()
     };
     c.compaction.ahead_of_time = false;
+    // The suites built on this measure summaries; clearing old tool output first is tested on
+    // its own (tests/clearing_first.rs), which turns it on.
+    c.compaction.clear_tool_results_first = false;
     c
 }
 
