@@ -1,5 +1,5 @@
-//! Old tool output cleared before anything is summarized, through the proxy against a mock
-//! Messages provider: a tool-heavy conversation that nears its budget is forwarded with its
+//! Old tool output cleared before anything is summarized, through the proxy against mock
+//! Messages and chat completions providers: a tool-heavy conversation that nears its budget is forwarded with its
 //! oldest results stubbed and no summary asked for, the next request (on this replica or
 //! another) is forwarded with the same bytes up to its new turns, a conversation that clearing
 //! cannot bring under its budget is summarized, and one tenant's checkpoint never serves another.
@@ -206,4 +206,45 @@ async fn one_tenants_checkpoint_never_serves_another() {
     let summaries = mock.summaries().len();
     assert_eq!(post(&proxy, "sk-a", &body).await.status, 200);
     assert_eq!(mock.summaries().len(), summaries);
+}
+
+#[tokio::test]
+async fn chat_completions_tool_results_are_cleared_first_too() {
+    let mock = common::start_mock().await;
+    let mut config = common::config(&mock.url());
+    config.windows.insert(MODEL.to_string(), WINDOW);
+    config.compaction.keep_recent_tokens = WINDOW / 3;
+    config.compaction.clear_tool_results_first = true;
+    config.summarizer.window = 100_000;
+    let proxy = start_proxy(config).await;
+    let mut messages = vec![
+        json!({"role": "system", "content": "be brief"}),
+        json!({"role": "user", "content": "read every source file"}),
+    ];
+    for t in 0..8 {
+        messages.push(json!({"role": "assistant", "content": null, "tool_calls": [
+            {"id": format!("call_{t}"), "type": "function",
+             "function": {"name": "read", "arguments": format!("{{\"path\":\"src/f{t}.rs\"}}")}}]}));
+        messages.push(json!({"role": "tool", "tool_call_id": format!("call_{t}"),
+            "content": format!("fn f{t}() {{}} {}", "data ".repeat(600))}));
+    }
+    let body = json!({"model": MODEL, "max_tokens": 256, "messages": messages});
+    let reply = common::post(
+        &format!("{}/v1/chat/completions", proxy.url()),
+        &[
+            ("authorization", "Bearer sk-a"),
+            ("content-type", "application/json"),
+        ],
+        body.to_string(),
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert!(mock.summaries().is_empty(), "no summary asked for");
+    let forwarded = mock.chats()[0].json();
+    let sent = forwarded["messages"].as_array().unwrap();
+    assert_eq!(sent.len(), messages.len());
+    let stub = sent[3]["content"].as_str().unwrap();
+    assert!(stub.contains("result of read cleared"), "{stub}");
+    assert_eq!(sent[2], messages[2], "the call stays");
+    assert_eq!(sent[17], messages[17], "the newest result stays whole");
 }
