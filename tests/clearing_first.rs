@@ -1,8 +1,9 @@
 //! Old tool output cleared before anything is summarized, through the proxy against mock
-//! Messages and chat completions providers: a tool-heavy conversation that nears its budget is forwarded with its
-//! oldest results stubbed and no summary asked for, the next request (on this replica or
-//! another) is forwarded with the same bytes up to its new turns, a conversation that clearing
-//! cannot bring under its budget is summarized, and one tenant's checkpoint never serves another.
+//! Messages and chat completions providers: a tool-heavy conversation that nears its budget is
+//! forwarded with its oldest results stubbed and no summary asked for, the next request (on this
+//! replica or another) is forwarded with the same bytes up to its new turns, a conversation that
+//! clearing cannot bring under its budget is summarized, and one tenant's checkpoint never serves
+//! another.
 
 mod common;
 
