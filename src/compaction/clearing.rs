@@ -356,9 +356,15 @@ impl Engine {
         let Some(room) = budget.checked_sub(reserve) else {
             return vec![];
         };
+        let trigger = correction.unscale(room);
+        if self.meter.measure(request).total() <= trigger {
+            // The prompt only grows along the replay: under the trigger at its end, it never
+            // fired (the common case, decided without reading a message's content).
+            return vec![];
+        }
         let edits = ContextEdits {
             tool_uses: Some(ClearToolUses {
-                trigger: ClearTrigger::InputTokens(correction.unscale(room)),
+                trigger: ClearTrigger::InputTokens(trigger),
                 keep: self.config.clear_keep_tool_uses,
                 clear_at_least: 0,
                 exclude_tools: BTreeSet::new(),
