@@ -352,12 +352,17 @@ pub fn attach_share(
     let most = budget * share.min(100) / 100;
     // The model's prose yields first: where what it leaves cannot hold the constraints whole,
     // its text is cut from the end, down to its least.
-    let heading = encoding.count(HEADING) + 2;
-    let needed = (heading + record.constraints_cost(encoding) * 100 / CONSTRAINTS_MOST).min(most);
-    let model_room = budget
-        .saturating_sub(needed)
-        .max(budget * MODEL_LEAST / 100);
-    let model_text = cut_to(model_text, encoding, model_room);
+    let constraints = record.constraints_cost(encoding);
+    let model_text = if constraints == 0 {
+        model_text.into()
+    } else {
+        let heading = encoding.count(HEADING) + 2;
+        let needed = (heading + constraints * 100 / CONSTRAINTS_MOST).min(most);
+        let model_room = budget
+            .saturating_sub(needed)
+            .max(budget * MODEL_LEAST / 100);
+        cut_to(model_text, encoding, model_room)
+    };
     let room = most.min(budget.saturating_sub(encoding.count(&model_text)));
     let record = record.render(encoding, room);
     if record.is_empty() {
