@@ -183,6 +183,7 @@ pub async fn run_tool(command: Command) -> Result<(), String> {
                 credentials,
                 mode: if force { Mode::Force } else { Mode::Auto },
                 instructions: None,
+                edits_served: false,
             };
             let started = std::time::Instant::now();
             let request: Arc<dyn crate::dialect::WireRequest> = Arc::new(request);

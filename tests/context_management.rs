@@ -25,11 +25,8 @@ const FIXTURES: &str = concat!(
 );
 
 async fn proxy_for(mock: &MessagesMock, mode: ServerCompaction) -> Proxy {
-    let mut config = common::config("http://127.0.0.1:9/v1");
-    config.anthropic_upstream = mock.url();
+    let mut config = mock.config_for(MODEL);
     config.messages.context_management = mode;
-    // Large enough that Compactor's own compaction never starts here.
-    config.windows.insert(MODEL.to_string(), 1_000_000);
     start_proxy(config).await
 }
 
@@ -139,12 +136,7 @@ async fn a_streamed_answer_reports_them_in_its_message_delta() {
     body["stream"] = json!(true);
     let reply = post(&proxy, "/v1/messages", &body).await;
     assert_eq!(reply.status, 200, "{}", reply.body);
-    let events: Vec<Value> = reply
-        .body
-        .lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .map(|d| serde_json::from_str(d).unwrap())
-        .collect();
+    let events = reply.events();
     let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
     assert_eq!(
         kinds,

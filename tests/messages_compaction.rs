@@ -2,7 +2,9 @@
 //! `compact-2026-09-04`) through the proxy against a mock Messages provider that knows nothing
 //! of it: answered with the `compaction` block alone (`stop_reason: "compaction"`), whole and
 //! streamed, the block expanded into the stored summary when it comes back first in
-//! `messages`, and a forged, edited, foreign or misplaced block refused in Anthropic's shape.
+//! `messages`, a failed compaction's block (no content) a no-op, and a forged, edited,
+//! foreign, misplaced or doubled block, an unfinished turn or nothing to summarize refused in
+//! Anthropic's shape with its `error.details.error_code`.
 //!
 //! Shapes: the `anthropic` SDK's `BetaCompactionBlock` (`type`, `content`, `signature`),
 //! `BetaCompactionContentBlockDelta` (`compaction_delta`) and `BetaStopReason` (`compaction`).
@@ -16,11 +18,7 @@ use serde_json::{json, Value};
 const MODEL: &str = "claude-sonnet-4-5";
 
 async fn proxy_for(mock: &MessagesMock) -> Proxy {
-    let mut config = common::config("http://127.0.0.1:9/v1");
-    config.anthropic_upstream = mock.url();
-    config.windows.insert(MODEL.to_string(), 1_000_000);
-    config.summarizer.window = 100_000;
-    start_proxy(config).await
+    start_proxy(mock.config_for(MODEL)).await
 }
 
 async fn post_as(proxy: &Proxy, key: &str, body: &Value) -> Reply {
@@ -126,12 +124,7 @@ async fn a_streamed_on_demand_compaction_sends_the_block_as_events() {
     let proxy = proxy_for(&mock).await;
     let reply = post(&proxy, &on_demand(true)).await;
     assert_eq!(reply.status, 200, "{}", reply.body);
-    let events: Vec<Value> = reply
-        .body
-        .lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .map(|d| serde_json::from_str(d).unwrap())
-        .collect();
+    let events = reply.events();
     let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
     assert_eq!(
         kinds,
@@ -171,22 +164,101 @@ async fn a_forged_edited_foreign_or_misplaced_block_is_refused() {
     let mut misplaced = sent_back(&block);
     misplaced["messages"] = json!([
         {"role": "user", "content": "first"},
-        {"role": "assistant", "content": [block]},
+        {"role": "assistant", "content": [{"type": "text", "text": "well"}, block]},
         {"role": "user", "content": "go on"}]);
+    let mut ambiguous = sent_back(&block);
+    ambiguous["messages"][0]["content"] = json!([block, block]);
     let cases = [
-        ("sk-test", sent_back(&forged), "signature"),
-        ("sk-test", sent_back(&edited), "content"),
-        ("sk-other", sent_back(&block), "signature"),
-        ("sk-test", misplaced, "first message"),
+        (
+            "sk-test",
+            sent_back(&forged),
+            "signature",
+            "compaction_signature_invalid",
+        ),
+        (
+            "sk-test",
+            sent_back(&edited),
+            "content",
+            "compaction_content_mismatch",
+        ),
+        (
+            "sk-other",
+            sent_back(&block),
+            "signature",
+            "compaction_signature_invalid",
+        ),
+        (
+            "sk-test",
+            misplaced,
+            "first message",
+            "compaction_block_misplaced",
+        ),
+        (
+            "sk-test",
+            ambiguous,
+            "2 compaction blocks",
+            "compaction_block_ambiguous",
+        ),
     ];
-    for (key, body, words) in cases {
+    for (key, body, words, code) in cases {
         let reply = post_as(&proxy, key, &body).await;
         assert_eq!(reply.status, 400, "{}", reply.body);
         let error = reply.json();
         assert_eq!(error["type"], "error");
         assert_eq!(error["error"]["type"], "invalid_request_error");
+        // Where the SDK reads the cause, and picks its error class by.
+        assert_eq!(error["error"]["details"]["error_code"], code, "{error}");
         let message = error["error"]["message"].as_str().unwrap();
         assert!(message.contains(words), "{message}");
     }
     assert!(mock.forwarded().is_empty(), "nothing reached the provider");
+}
+
+#[tokio::test]
+async fn a_block_of_a_failed_compaction_is_a_no_op() {
+    let mock = messages_mock::start().await;
+    let proxy = proxy_for(&mock).await;
+    let body = json!({"model": MODEL, "max_tokens": 512, "messages": [
+        {"role": "user", "content": "first"},
+        {"role": "assistant", "content": [{"type": "compaction", "content": null},
+                                          {"type": "text", "text": "hello"}]},
+        {"role": "assistant", "content": [{"type": "compaction"}]},
+        {"role": "user", "content": "go on"}]});
+    let reply = post(&proxy, &body).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let sent = mock.forwarded().pop().unwrap().json();
+    assert_eq!(
+        sent["messages"],
+        json!([{"role": "user", "content": "first"},
+               {"role": "assistant", "content": [{"type": "text", "text": "hello"}]},
+               {"role": "user", "content": "go on"}])
+    );
+}
+
+#[tokio::test]
+async fn a_compaction_of_an_unfinished_turn_or_of_nothing_is_refused_with_its_code() {
+    let mock = messages_mock::start().await;
+    let proxy = proxy_for(&mock).await;
+    let mut unfinished = on_demand(false);
+    unfinished["messages"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"role": "assistant", "content": "The files are"}));
+    let mut nothing = on_demand(false);
+    nothing["messages"] = json!([]);
+    let cases = [
+        (unfinished, "compaction_incomplete_turn"),
+        (nothing, "compaction_nothing_to_summarize"),
+    ];
+    for (body, code) in cases {
+        let reply = post(&proxy, &body).await;
+        assert_eq!(reply.status, 400, "{}", reply.body);
+        assert_eq!(
+            reply.json()["error"]["details"]["error_code"],
+            code,
+            "{}",
+            reply.body
+        );
+    }
+    assert!(mock.summaries().is_empty(), "refused before any summary");
 }

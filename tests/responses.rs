@@ -540,12 +540,7 @@ async fn a_streamed_compaction_trigger_gets_the_item_as_events() {
     assert!(reply
         .header("content-type")
         .is_some_and(|c| c.starts_with("text/event-stream")));
-    let events: Vec<Value> = reply
-        .body
-        .lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .map(|d| serde_json::from_str(d).unwrap())
-        .collect();
+    let events = reply.events();
     let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
     assert_eq!(
         kinds,

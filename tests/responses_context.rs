@@ -132,12 +132,7 @@ async fn a_streamed_answer_carries_the_item_and_its_events_first() {
     let proxy = proxy_for(&mock, ServerCompaction::Auto).await;
     let reply = post(&proxy, &body(&thread(8), true)).await;
     assert_eq!(reply.status, 200, "{}", reply.body);
-    let events: Vec<Value> = reply
-        .body
-        .lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .map(|d| serde_json::from_str(d).unwrap())
-        .collect();
+    let events = reply.events();
     let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
     assert_eq!(
         kinds,

@@ -47,6 +47,9 @@ pub struct RequestContext {
     pub mode: Mode,
     /// `x-compactor-instructions`.
     pub instructions: Option<String>,
+    /// The context edits the client asked for were served on this request
+    /// ([`super::Engine::clear_context`]): the engine clears nothing more of it.
+    pub edits_served: bool,
 }
 
 /// Why a summary is written: one name for the plan's choices, the log and the metric label.

@@ -51,10 +51,6 @@ pub struct ClearToolUses {
     /// Tools whose uses are never cleared.
     pub exclude_tools: BTreeSet<String>,
     pub clear_inputs: ClearInputs,
-    /// The engine's own clearing, before a summary: clears only where that alone brings the
-    /// prompt under the trigger, and never again after the first point where it does not (a
-    /// summary is written there, and the prefix it covers must not change after it).
-    pub only_when_enough: bool,
 }
 
 /// Clearing the reasoning of older assistant turns (Anthropic's `clear_thinking_20251015`).

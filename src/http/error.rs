@@ -43,6 +43,10 @@ pub enum ApiError {
     },
     #[error("{0}")]
     RequestTimeout(String),
+    /// A compaction the client asked for could not be written for a transient reason: 529, as
+    /// Anthropic answers it, for the client to retry.
+    #[error("{0}")]
+    CompactionUnavailable(String),
 }
 
 impl ApiError {
@@ -69,6 +73,9 @@ impl ApiError {
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
             ApiError::Busy { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+            ApiError::CompactionUnavailable(_) => {
+                StatusCode::from_u16(529).unwrap_or(StatusCode::SERVICE_UNAVAILABLE)
+            }
         }
     }
 
@@ -92,6 +99,7 @@ impl ApiError {
             ApiError::Internal(_) => ("server_error", Some("internal_error")),
             ApiError::Busy { .. } => ("server_error", Some("overloaded")),
             ApiError::RequestTimeout(_) => ("invalid_request_error", Some("request_timeout")),
+            ApiError::CompactionUnavailable(_) => ("server_error", Some("compaction_unavailable")),
         }
     }
 

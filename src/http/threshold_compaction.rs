@@ -21,18 +21,28 @@ use super::client_compaction;
 use super::context_edits::{map_events, map_whole};
 use super::error::ApiError;
 use super::tenant::Tenant;
+use crate::dialect::anthropic::compaction::{answer::to_sse, BlockFirst};
 use crate::dialect::responses::context::{stream_event_with_item, with_item_first};
 use crate::dialect::responses::request::ResponsesRequest;
 use crate::upstream::ByteStream;
 
-/// What became of a request's threshold compaction.
+/// What became of a request's threshold compaction (Responses' `compact_threshold`, or
+/// Messages' `compact_20260112` edit without a pause).
 pub(super) enum AtThreshold {
     /// Not asked for, or the input is under its threshold.
     Under,
-    /// Compacted: the item to put first in the answer.
-    Compacted(Value),
+    /// Compacted: what to put first in the answer.
+    Compacted(FirstInAnswer),
     /// Over the threshold, but no compaction could be made.
     Failed,
+}
+
+/// What a compaction made at a threshold puts first in the model's answer.
+pub(super) enum FirstInAnswer {
+    /// A Responses `compaction` item, first in `output`.
+    Item(Value),
+    /// A Messages `compaction` block, first in `content`.
+    Block(BlockFirst),
 }
 
 /// Serves the request's `context_management`: the field is taken off, items before the newest
@@ -53,7 +63,9 @@ pub(super) async fn serve(
     if let Some(index) = last_minted {
         request.drop_before(index);
     }
-    if app.engine.meter().measure(request).total() <= threshold {
+    // Counted off this worker when large, as every request is.
+    let counted: Arc<dyn crate::dialect::WireRequest> = Arc::new(request.clone());
+    if app.engine.prompt_tokens(&counted).await <= threshold {
         return Ok(AtThreshold::Under);
     }
     let whole = ResponsesRequest::parse(&crate::dialect::WireRequest::original_body(request))?;
@@ -65,7 +77,7 @@ pub(super) async fn serve(
                 covered = checkpoint.covered,
                 "Compacted a Responses input at its compact_threshold."
             );
-            Ok(AtThreshold::Compacted(item))
+            Ok(AtThreshold::Compacted(FirstInAnswer::Item(item)))
         }
         Err(e) => {
             tracing::warn!(error = %e, "A compaction at compact_threshold failed; serving the input as it came.");
@@ -74,13 +86,30 @@ pub(super) async fn serve(
     }
 }
 
-/// The provider's answer with `item` first in its output, whole or streamed.
-pub(super) fn answer_with_item(body: ByteStream, streamed: bool, item: Value) -> ByteStream {
-    if !streamed {
-        return map_whole(body, move |held| {
+/// The provider's answer with `first` put first, whole or streamed.
+pub(super) fn answer_with(body: ByteStream, streamed: bool, first: FirstInAnswer) -> ByteStream {
+    match (first, streamed) {
+        (FirstInAnswer::Item(item), false) => map_whole(body, move |held| {
             with_item_first(&held, &item).map_or(held, Bytes::from)
-        });
+        }),
+        (FirstInAnswer::Item(item), true) => {
+            map_parsed_events(body, move |event| stream_event_with_item(event, &item))
+        }
+        (FirstInAnswer::Block(block), false) => map_whole(body, move |held| {
+            block.whole(&held).map_or(held, Bytes::from)
+        }),
+        (FirstInAnswer::Block(mut block), true) => {
+            map_parsed_events(body, move |event| block.event(event))
+        }
     }
+}
+
+/// An SSE stream with the JSON of each event's `data` through `rewrite`, the events it returns
+/// written named by their `type`; an event without JSON data goes on as it came.
+fn map_parsed_events(
+    body: ByteStream,
+    mut rewrite: impl FnMut(&Value) -> Vec<Value> + Send + 'static,
+) -> ByteStream {
     map_events(body, move |event| {
         let Ok(text) = std::str::from_utf8(event) else {
             return event.to_vec();
@@ -92,11 +121,6 @@ pub(super) fn answer_with_item(body: ByteStream, streamed: bool, item: Value) ->
         let Some(value) = data.and_then(|d| serde_json::from_str::<Value>(d).ok()) else {
             return event.to_vec();
         };
-        let mut out = String::new();
-        for event in stream_event_with_item(&value, &item) {
-            let kind = event.get("type").and_then(Value::as_str).unwrap_or("");
-            out.push_str(&format!("event: {kind}\ndata: {event}\n\n"));
-        }
-        out.into_bytes()
+        to_sse(&rewrite(&value)).into_bytes()
     })
 }

@@ -5,15 +5,51 @@
 //! and replaced by the summary they stand for. What the block's `signature` holds, and whether
 //! it is genuine, is the proxy's business, not the dialect's.
 
+pub mod answer;
+
+pub use answer::{BlockFirst, Issued};
+
 use serde_json::{json, Value};
 
-use super::parse::{Author, MessagesRequest};
+use super::parse::{Author, Message, MessagesRequest};
 use super::wire::summary_message;
 use crate::dialect::splice::to_raw;
 use crate::dialect::RequestError;
 
 /// The request field.
 pub const FIELD: &str = "compaction";
+
+/// Anthropic's `error.details.error_code` for each compaction refusal Compactor raises where
+/// Anthropic would (the SDK raises a class of its own for each: `CompactionBlockAmbiguousError`,
+/// …). The two that concern blocks Compactor never issues (`tool_changes`, tool references)
+/// cannot arise here.
+pub mod refusal {
+    /// More than one block with content.
+    pub const BLOCK_AMBIGUOUS: &str = "compaction_block_ambiguous";
+    /// A block anywhere but first in `messages`.
+    pub const BLOCK_MISPLACED: &str = "compaction_block_misplaced";
+    /// The block's content is not what its signature stands for.
+    pub const CONTENT_MISMATCH: &str = "compaction_content_mismatch";
+    /// The conversation ends on an assistant turn.
+    pub const INCOMPLETE_TURN: &str = "compaction_incomplete_turn";
+    /// No user or assistant content to summarize.
+    pub const NOTHING_TO_SUMMARIZE: &str = "compaction_nothing_to_summarize";
+    /// The signature does not open for this client, or its summary is gone.
+    pub const SIGNATURE_INVALID: &str = "compaction_signature_invalid";
+    /// The summary could not be written for a transient reason (status 529).
+    pub const UNAVAILABLE: &str = "compaction_unavailable";
+
+    /// Every code above: these travel in `error.details.error_code`.
+    pub const ALL: [&str; 7] = [
+        BLOCK_AMBIGUOUS,
+        BLOCK_MISPLACED,
+        CONTENT_MISMATCH,
+        INCOMPLETE_TURN,
+        NOTHING_TO_SUMMARIZE,
+        SIGNATURE_INVALID,
+        UNAVAILABLE,
+    ];
+}
 
 /// What an on-demand compaction asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -113,6 +149,8 @@ pub fn compact_edit(request: &MessagesRequest) -> Result<Option<CompactEdit>, Re
 pub struct SentBack {
     pub message: usize,
     pub block: usize,
+    /// Whether the block opens an assistant message: where an answer put it.
+    pub opens_answer: bool,
     pub content: Option<String>,
     pub signature: Option<String>,
 }
@@ -159,11 +197,78 @@ pub fn remove_on_demand(request: &mut MessagesRequest) {
     request.fields.shift_remove(FIELD);
 }
 
+/// Takes off the blocks of failed compactions (`content` null or absent), which Anthropic treats
+/// as no-ops; a message left empty goes with them.
+pub fn drop_failed(request: &mut MessagesRequest) -> Result<(), RequestError> {
+    let failed = |block: &Value| {
+        block.get("type").and_then(Value::as_str) == Some("compaction")
+            && block.get("content").is_none_or(Value::is_null)
+    };
+    // Only a message with a compaction block has its blocks built.
+    let holds_failed = |m: &Message| m.has_block("compaction") && m.blocks().iter().any(failed);
+    if !request.messages.iter().any(holds_failed) {
+        return Ok(());
+    }
+    let mut raws = Vec::with_capacity(request.messages.len());
+    for message in &request.messages {
+        if !holds_failed(message) {
+            raws.push(message.raw.clone());
+            continue;
+        }
+        let kept: Vec<&Value> = message.blocks().iter().filter(|b| !failed(b)).collect();
+        if kept.is_empty() {
+            continue;
+        }
+        let mut value: Value = serde_json::from_str(message.raw.get()).unwrap_or(Value::Null);
+        value["content"] = json!(kept);
+        raws.push(to_raw(&value));
+    }
+    let body = request.to_body(raws.iter().map(|r| &**r));
+    *request = MessagesRequest::parse(&body)?;
+    Ok(())
+}
+
+/// Whether the conversation ends on an assistant turn, which a compaction cannot summarize
+/// (the turn is not finished).
+pub fn ends_unfinished(request: &MessagesRequest) -> bool {
+    request
+        .messages
+        .last()
+        .is_some_and(|m| m.role == Author::Assistant)
+}
+
+/// The conversation as the model reads it once compacted to `summary`: the summary as a user
+/// message (after the system messages `messages` holds), then the turn in progress verbatim,
+/// from the user's last own message (not one that
+/// only carries tool results, which belong to the assistant's step before them) on.
+pub fn compacted_to(request: &mut MessagesRequest, summary: &str) -> Result<(), RequestError> {
+    let turn = request
+        .messages
+        .iter()
+        .rposition(|m| m.is_real_user())
+        .unwrap_or(request.messages.len());
+    // System messages inside `messages` are pinned, never summarized away.
+    let mut raws: Vec<Box<serde_json::value::RawValue>> = request.messages[..turn]
+        .iter()
+        .filter(|m| m.role == Author::System)
+        .map(|m| m.raw.clone())
+        .collect();
+    raws.push(to_raw(&summary_message(summary)));
+    raws.extend(request.messages[turn..].iter().map(|m| m.raw.clone()));
+    let body = request.to_body(raws.iter().map(|r| &**r));
+    *request = MessagesRequest::parse(&body)?;
+    Ok(())
+}
+
 /// Every `compaction` block of the request, in order.
 pub fn sent_back(request: &MessagesRequest) -> Vec<SentBack> {
     let mut found = Vec::new();
     for (m, message) in request.messages.iter().enumerate() {
-        for (b, block) in message.blocks.iter().enumerate() {
+        if !message.has_block("compaction") {
+            // Known from the block heads: the message's blocks are not built for this.
+            continue;
+        }
+        for (b, block) in message.blocks().iter().enumerate() {
             if block.get("type").and_then(Value::as_str) != Some("compaction") {
                 continue;
             }
@@ -171,6 +276,7 @@ pub fn sent_back(request: &MessagesRequest) -> Vec<SentBack> {
             found.push(SentBack {
                 message: m,
                 block: b,
+                opens_answer: b == 0 && message.role == Author::Assistant,
                 content: text("content"),
                 signature: text("signature"),
             });
@@ -179,84 +285,35 @@ pub fn sent_back(request: &MessagesRequest) -> Vec<SentBack> {
     found
 }
 
-/// Replaces the first message, which opens with a compaction block, by the summary the block
-/// stands for (as a user message), keeping what else it held as a message of its own.
-pub fn expand_first(request: &mut MessagesRequest, summary: &str) -> Result<(), RequestError> {
-    let Some(first) = request.messages.first() else {
+/// Expands the compaction block that opens message `index` into the summary it stands for (a
+/// user message), keeping what else that message held as a message of its own, and leaves out
+/// the messages before it, which the block stands for, all but the system messages, which are
+/// pinned.
+pub fn expand_at(
+    request: &mut MessagesRequest,
+    index: usize,
+    summary: &str,
+) -> Result<(), RequestError> {
+    let Some(opening) = request.messages.get(index) else {
         return Ok(());
     };
-    let role = match first.role {
+    let role = match opening.role {
         Author::Assistant => "assistant",
         Author::User => "user",
         Author::System => "system",
     };
-    let rest: Vec<Value> = first.blocks.iter().skip(1).cloned().collect();
-    let mut raws = vec![to_raw(&summary_message(summary))];
+    let rest: Vec<Value> = opening.blocks().iter().skip(1).cloned().collect();
+    let mut raws: Vec<Box<serde_json::value::RawValue>> = request.messages[..index]
+        .iter()
+        .filter(|m| m.role == Author::System)
+        .map(|m| m.raw.clone())
+        .collect();
+    raws.push(to_raw(&summary_message(summary)));
     if !rest.is_empty() {
         raws.push(to_raw(&json!({"role": role, "content": rest})));
     }
-    raws.extend(request.messages.iter().skip(1).map(|m| m.raw.clone()));
+    raws.extend(request.messages[index + 1..].iter().map(|m| m.raw.clone()));
     let body = request.to_body(raws.iter().map(|r| &**r));
     *request = MessagesRequest::parse(&body)?;
     Ok(())
-}
-
-/// A compaction block as issued: for which model, under which id, its summary and signature,
-/// the size of the conversation it stands for and of the summary.
-#[derive(Debug, Clone, Copy)]
-pub struct Issued<'a> {
-    pub model: &'a str,
-    pub id: &'a str,
-    pub summary: &'a str,
-    pub signature: &'a str,
-    pub input_tokens: u64,
-    /// Tokens of the summary written.
-    pub output_tokens: u64,
-}
-
-/// The answer to an on-demand compaction: the `compaction` block alone, whole or as the
-/// events of a stream.
-pub fn answer(issued: Issued<'_>, stream: bool) -> Vec<u8> {
-    let Issued {
-        model,
-        id,
-        summary,
-        signature,
-        input_tokens,
-        output_tokens,
-    } = issued;
-    let step = json!({"type": "compaction", "input_tokens": input_tokens,
-                      "output_tokens": output_tokens, "cache_creation_input_tokens": 0,
-                      "cache_read_input_tokens": 0});
-    // The compaction step is the whole of this answer: no message was sampled after it.
-    let usage = json!({"input_tokens": input_tokens, "output_tokens": output_tokens,
-                       "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
-                       "iterations": [step]});
-    let block = json!({"type": "compaction", "content": summary, "signature": signature});
-    let message = |content: Value, stop: Value| {
-        json!({"id": format!("msg_{id}"), "type": "message", "role": "assistant", "model": model,
-               "content": content, "stop_reason": stop, "stop_sequence": null, "usage": usage})
-    };
-    if !stream {
-        return message(json!([block]), json!("compaction"))
-            .to_string()
-            .into_bytes();
-    }
-    let events = [
-        json!({"type": "message_start", "message": message(json!([]), Value::Null)}),
-        json!({"type": "content_block_start", "index": 0,
-               "content_block": {"type": "compaction", "content": null, "signature": signature}}),
-        json!({"type": "content_block_delta", "index": 0,
-               "delta": {"type": "compaction_delta", "content": summary}}),
-        json!({"type": "content_block_stop", "index": 0}),
-        json!({"type": "message_delta", "delta": {"stop_reason": "compaction", "stop_sequence": null},
-               "usage": {"output_tokens": output_tokens, "iterations": usage["iterations"]}}),
-        json!({"type": "message_stop"}),
-    ];
-    let mut out = String::new();
-    for event in events {
-        let kind = event["type"].as_str().unwrap_or_default().to_string();
-        out.push_str(&format!("event: {kind}\ndata: {event}\n\n"));
-    }
-    out.into_bytes()
 }

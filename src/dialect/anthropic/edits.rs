@@ -194,7 +194,6 @@ fn tool_uses(edit: &Map<String, Value>, at: &str) -> Result<ClearToolUses, Reque
         clear_at_least,
         exclude_tools,
         clear_inputs,
-        only_when_enough: false,
     })
 }
 
@@ -228,7 +227,7 @@ pub fn clearable(message: &Message, encoding: Encoding) -> Clearable {
             .to_string()
     };
     let mut thinking = 0;
-    for block in &message.blocks {
+    for block in message.blocks() {
         match block.get("type").and_then(Value::as_str).unwrap_or("") {
             "tool_use" if message.role == Author::Assistant => {
                 clearable.calls.push(ClearableCall {
@@ -251,7 +250,7 @@ pub fn clearable(message: &Message, encoding: Encoding) -> Clearable {
             _ => {}
         }
     }
-    if message.blocks.iter().any(|b| !is_reasoning(b)) {
+    if message.blocks().iter().any(|b| !is_reasoning(b)) {
         clearable.thinking_tokens = thinking;
     }
     clearable
@@ -264,8 +263,8 @@ pub fn apply(request: &mut MessagesRequest, clearing: &Clearing) {
     for (index, message) in request.messages.iter_mut().enumerate() {
         let strip_thinking = clearing.thinking.contains(&index);
         let mut changed = false;
-        let mut blocks = Vec::with_capacity(message.blocks.len());
-        for mut block in std::mem::take(&mut message.blocks) {
+        let mut blocks = Vec::with_capacity(message.blocks().len());
+        for mut block in message.blocks().iter().cloned() {
             if strip_thinking && is_reasoning(&block) {
                 changed = true;
                 continue;
@@ -284,13 +283,14 @@ pub fn apply(request: &mut MessagesRequest, clearing: &Clearing) {
             }
             blocks.push(block);
         }
-        message.blocks = blocks;
-        if changed {
-            if let Ok(Value::Object(mut object)) = serde_json::from_str(message.raw.get()) {
-                object.insert("content".into(), Value::Array(message.blocks.clone()));
-                message.raw = to_raw(&Value::Object(object));
-            }
+        if !changed {
+            continue;
         }
+        if let Ok(Value::Object(mut object)) = serde_json::from_str(message.raw.get()) {
+            object.insert("content".into(), Value::Array(blocks.clone()));
+            message.raw = to_raw(&Value::Object(object));
+        }
+        message.set_blocks(blocks);
     }
 }
 
