@@ -2,8 +2,8 @@
 # End-to-end scenarios: real clients, through Compactor, to a real model (llama-server).
 #
 #   scripts/e2e.sh                    every scenario, grouped by window: python node anthropic
-#                                     responses langchain (2048), pi aider claude codex
-#                                     opencode (4096)
+#                                     responses langchain context_management (2048), pi aider
+#                                     claude codex opencode (4096)
 #   scripts/e2e.sh python pi          only these
 #   scripts/e2e.sh setup              only install the clients, the server and the model
 #
@@ -18,7 +18,8 @@
 # aider) against 4096 tokens, since Pi's own prompt and tools take about 1.4k. The Anthropic
 # scenarios follow the same split: the SDK (anthropic) at 2048, Claude Code (claude) at 4096, and
 # so do the Responses ones: the SDK (responses) at 2048, Codex (codex) at 4096. LangChain
-# (langchain) is an SDK scenario, OpenCode (opencode) an agent one.
+# (langchain) is an SDK scenario, OpenCode (opencode) an agent one. context_management (both
+# SDKs asking for the providers' own context management, which Compactor serves) is an SDK one.
 # All traffic goes upstream through a recording relay (tests/e2e/recording_relay.py), so that the
 # scenarios can check what Compactor forwarded: the Anthropic ones the shape of their bodies, the
 # agents' recall turns the facts their first turn set (tests/e2e/recall.py).
@@ -60,12 +61,15 @@ CLAUDE_PACKAGES=(@anthropic-ai/claude-code@2.1.328)
 CODEX_PACKAGES=(@openai/codex@0.169.0)
 LANGCHAIN_PACKAGES=(langchain-openai==1.7.4)
 OPENCODE_PACKAGES=(opencode-ai@1.18.33)
+# The context-management scenario drives both SDKs from one process.
+CONTEXT_PACKAGES=("${ANTHROPIC_PACKAGES[@]}" "${PY_PACKAGES[@]}")
 RELAY_PORT="${E2E_RELAY_PORT:-$((PORT + 2))}"
 
 setup_only=false
 if [[ "${1:-}" == setup ]]; then setup_only=true; shift; fi
 scenarios=("$@")
-all_scenarios=(python node anthropic responses langchain pi aider claude codex opencode)
+all_scenarios=(python node anthropic responses langchain context_management pi aider claude codex
+  opencode)
 [[ ${#scenarios[@]} -gt 0 ]] || scenarios=("${all_scenarios[@]}")
 for s in "${scenarios[@]}"; do
   case " ${all_scenarios[*]} " in *" $s "*) ;;
@@ -73,7 +77,7 @@ for s in "${scenarios[@]}"; do
   esac
 done
 wants() { local s; for s in "${scenarios[@]}"; do [[ "$s" == "$1" ]] && return 0; done; return 1; }
-window_of() { case "$1" in python|node|anthropic|responses|langchain) echo "$SDK_WINDOW" ;; *) echo "$AGENT_WINDOW" ;; esac; }
+window_of() { case "$1" in python|node|anthropic|responses|langchain|context_management) echo "$SDK_WINDOW" ;; *) echo "$AGENT_WINDOW" ;; esac; }
 
 say() { echo "e2e: $*" >&2; }
 mkdir -p "$CACHE" "$LOGS"
@@ -119,6 +123,7 @@ wants claude && npm_with "$CACHE/claude" "${CLAUDE_PACKAGES[@]}"
 wants codex && npm_with "$CACHE/codex" "${CODEX_PACKAGES[@]}"
 wants langchain && venv_with "$CACHE/venv-langchain" "${LANGCHAIN_PACKAGES[@]}"
 wants opencode && npm_with "$CACHE/opencode" "${OPENCODE_PACKAGES[@]}"
+wants context_management && venv_with "$CACHE/venv-context" "${CONTEXT_PACKAGES[@]}"
 say "clients ready ($((SECONDS - t0))s)"
 
 # The server and the model, fetched (or built) once; a no-op when cached.
@@ -243,6 +248,8 @@ for s in "${scenarios[@]}"; do
     responses) cmd=("$CACHE/venv/bin/python" "$root/tests/e2e/scenario_responses_python.py") ;;
     langchain) cmd=("$CACHE/venv-langchain/bin/python" "$root/tests/e2e/scenario_langchain.py") ;;
     opencode) cmd=(bash "$root/tests/e2e/scenario_opencode.sh") ;;
+    context_management)
+      cmd=("$CACHE/venv-context/bin/python" "$root/tests/e2e/scenario_context_management.py") ;;
   esac
   say "scenario $s (window $window): ${cmd[*]}"
   t0=$SECONDS
@@ -267,9 +274,9 @@ stop_stack
 # ---- report --------------------------------------------------------------------------------
 echo
 echo "e2e results (model $MODEL, logs in $LOGS, $((SECONDS - started))s in all):"
-printf '  %-9s %-22s %8s  %s\n' scenario status seconds "details"
+printf '  %-18s %-22s %8s  %s\n' scenario status seconds "details"
 for s in "${scenarios[@]}"; do
-  printf '  %-9s %-22s %8s  %s\n' "$s" "${status[$s]}" "${seconds[$s]}" "${results[$s]}"
+  printf '  %-18s %-22s %8s  %s\n' "$s" "${status[$s]}" "${seconds[$s]}" "${results[$s]}"
 done
 passed=$((${#scenarios[@]} - failed))
 echo "e2e: $passed passed, $failed failed"
