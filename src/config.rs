@@ -244,7 +244,7 @@ impl Default for CompactionConfig {
             retry_backoff_max_ms: 900_000,
             ahead_of_time: true,
             soft_threshold: 0.75,
-            clear_tool_results_first: false,
+            clear_tool_results_first: true,
             clear_keep_tool_uses: 3,
             calibrate_streams: true,
             checkpoint_ttl_secs: 30 * 24 * 3600,

@@ -1,14 +1,17 @@
 //! Old tool output cleared before anything is summarized, through the proxy against mock
 //! Messages and chat completions providers: a tool-heavy conversation that nears its budget is
 //! forwarded with its oldest results stubbed and no summary asked for, the next request (on this
-//! replica or another) is forwarded with the same bytes up to its new turns, a conversation that
-//! clearing cannot bring under its budget is summarized, and one tenant's checkpoint never serves
-//! another.
+//! replica or another on the same store) is forwarded with the same bytes up to its new turns,
+//! a conversation that clearing cannot bring under its budget is summarized, and one tenant's
+//! checkpoint never serves another.
 
 mod common;
 
 use common::messages_mock::{self, MessagesMock, Received};
+use std::sync::Arc;
+
 use common::{start_proxy, Proxy, Reply};
+use compactor::store::{memory::MemoryStore, CheckpointStore};
 use serde_json::{json, Value};
 
 const MODEL: &str = "qwen2.5-coder-0.5b";
@@ -130,9 +133,19 @@ async fn old_tool_results_are_cleared_instead_of_summarized_and_stay_cleared() {
 }
 
 #[tokio::test]
-async fn another_replica_clears_the_same_way() {
+async fn another_replica_on_the_same_store_clears_the_same_way() {
     let mock = messages_mock::start().await;
-    let (one, two) = (proxy_for(&mock, true).await, proxy_for(&mock, true).await);
+    let store: Arc<dyn CheckpointStore> = Arc::new(MemoryStore::default());
+    let replica = || {
+        let mut config = common::config("http://127.0.0.1:9/v1");
+        config.anthropic_upstream = mock.url();
+        config.windows.insert(MODEL.to_string(), WINDOW);
+        config.compaction.keep_recent_tokens = WINDOW / 3;
+        config.compaction.clear_tool_results_first = true;
+        config.summarizer.window = 100_000;
+        common::start_proxy_with_store(config, store.clone())
+    };
+    let (one, two) = (replica().await, replica().await);
     let mut messages = tool_loop(8, 600);
     assert_eq!(post(&one, "sk-a", &request(&messages)).await.status, 200);
     messages.extend(tool_loop(1, 5).into_iter().skip(1).map(|mut m| {

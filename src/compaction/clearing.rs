@@ -1,7 +1,8 @@
 //! Clearing old tool output and old reasoning in place, with no model call: which tool results
 //! become one-line stubs (and which inputs are emptied), and which assistant turns lose their
 //! thinking. One planner for every dialect, for the edits a client asks for (Anthropic's
-//! `context_management`) and for the engine's own cheapest step before a summary.
+//! `context_management`); the engine's own cheapest step before a summary ([`super::tail_clearing`])
+//! finds the tool uses and writes their stubs with the same code, and stores what it cleared.
 //!
 //! ## Stable between clearings
 //!
@@ -11,7 +12,8 @@
 //! as if a request had ended after every user or tool turn, and clears wherever the trigger
 //! fired on that replay. A later request replays the same prefix to the same clearings and adds
 //! one only where its own new turns fire the trigger. Replicas agree without sharing anything,
-//! and no tenant's clearing can be applied to another's conversation.
+//! and no tenant's clearing can be applied to another's conversation. (The engine's own clearing
+//! is stored as a checkpoint instead, since it depends on the summaries before it.)
 
 use std::collections::BTreeSet;
 
@@ -20,10 +22,9 @@ use crate::dialect::edits::{
     Clearing, ContextEdits,
 };
 use crate::dialect::{Role, WireRequest};
-use crate::identity::Hash;
 use crate::tokenizer::REPLY_PRIMING;
 
-use super::{Engine, Mode};
+use super::Engine;
 
 /// The one line a cleared tool result becomes: the tool, the size of what it returned and its
 /// outcome, so the model knows something was there and may call the tool again.
@@ -52,14 +53,14 @@ pub struct Planned {
 }
 
 /// One tool call with its result.
-struct ToolUse<'a> {
-    call_id: &'a str,
-    tool: &'a str,
-    /// The element that carries the result.
-    result_at: usize,
+pub(super) struct ToolUse<'a> {
+    pub(super) call_id: &'a str,
+    pub(super) tool: &'a str,
+    /// The element that carries the result (an index into the elements planned on).
+    pub(super) result_at: usize,
     /// Tokens freed when it is cleared.
-    freed: u64,
-    stub: String,
+    pub(super) freed: u64,
+    pub(super) stub: String,
     clears_input: bool,
 }
 
@@ -88,7 +89,7 @@ pub fn plan(
         }
     }
     if let Some(edit) = &edits.tool_uses {
-        let uses = tool_uses(conversation, edit, &count);
+        let uses = tool_uses(conversation.clearable, &edit.clear_inputs, &count);
         let freed_thinking = |p: usize| thinking.as_ref().map_or(0, |t| t.tokens_at(p));
         let cleared = replay(conversation, edit, &uses, freed_thinking);
         let mut freed = 0;
@@ -112,32 +113,33 @@ pub fn plan(
     planned
 }
 
-/// The tool uses whose results are in the conversation, in the order they were called.
-fn tool_uses<'a>(
-    conversation: &Conversation<'a>,
-    edit: &ClearToolUses,
+/// The tool uses whose results are among `clearable` (what each element of a conversation, or
+/// of its verbatim tail, may clear), in the order they were called; `clear_inputs` says whose
+/// inputs go with them.
+pub(super) fn tool_uses<'a>(
+    clearable: &'a [Clearable],
+    clear_inputs: &ClearInputs,
     count: &impl Fn(&str) -> u64,
 ) -> Vec<ToolUse<'a>> {
     let mut uses = Vec::new();
-    for (i, element) in conversation.clearable.iter().enumerate() {
+    for (i, element) in clearable.iter().enumerate() {
         for call in &element.calls {
             // Results answer the calls of the step before them (a few elements on at most).
-            let result =
-                conversation.clearable[i + 1..]
-                    .iter()
-                    .enumerate()
-                    .find_map(|(d, later)| {
-                        later
-                            .results
-                            .iter()
-                            .find(|r| r.call_id == call.id)
-                            .map(|r| (i + 1 + d, r))
-                    });
+            let result = clearable[i + 1..]
+                .iter()
+                .enumerate()
+                .find_map(|(d, later)| {
+                    later
+                        .results
+                        .iter()
+                        .find(|r| r.call_id == call.id)
+                        .map(|r| (i + 1 + d, r))
+                });
             let Some((result_at, result)) = result else {
                 continue;
             };
             let stub = result_stub(&call.tool, result.tokens, result.is_error);
-            let clears_input = edit.clear_inputs.covers(&call.tool);
+            let clears_input = clear_inputs.covers(&call.tool);
             let input_freed = if clears_input {
                 call.input_tokens.saturating_sub(EMPTY_INPUT_TOKENS)
             } else {
@@ -194,15 +196,6 @@ fn replay(
             .filter(|&u| !cleared[u] && !edit.exclude_tools.contains(uses[u].tool))
             .collect();
         let gain: u64 = candidates.iter().map(|&u| uses[u].freed).sum();
-        if edit.only_when_enough {
-            if let ClearTrigger::InputTokens(limit) = edit.trigger {
-                if sent.saturating_sub(freed + freed_thinking(p) + gain) > limit {
-                    // Clearing is not enough here: a summary is made at this point, and
-                    // nothing it covers may change after it.
-                    break;
-                }
-            }
-        }
         if candidates.is_empty() || gain < edit.clear_at_least {
             continue;
         }
@@ -320,67 +313,6 @@ impl Engine {
             clearable: &clearable,
         };
         plan(edits, &conversation, |text| encoding.count(text))
-    }
-}
-
-impl Engine {
-    /// The engine's cheapest step, before any summary: clears the oldest tool results of a
-    /// request that nears its budget (the soft threshold when summaries are made ahead of time,
-    /// else the limit) when that alone brings it under, the newest
-    /// `clear_keep_tool_uses` uses kept whole. Replayed from the start like every clearing, so
-    /// a later request of the conversation is cleared identically up to its new turns.
-    pub async fn clear_first(
-        &self,
-        request: &mut dyn WireRequest,
-        mode: Mode,
-        tenant: &Hash,
-    ) -> Vec<AppliedEdit> {
-        if !self.config.enabled || !self.config.clear_tool_results_first || mode != Mode::Auto {
-            return vec![];
-        }
-        if !matches!(request.context_edits(), Ok(None)) {
-            // The client asked for its own clearing (served by the provider): left to it.
-            return vec![];
-        }
-        let model = request.model().to_string();
-        let (facts, _) = self.model_facts(&model).await;
-        let window = self.window_of(&model, &facts, Some(super::learn::tenant_tag(tenant)));
-        let correction = self.correction(&model, &facts);
-        let limit = window.saturating_sub(self.config.margin_tokens.min(window / 16));
-        let budget = if self.config.ahead_of_time {
-            (limit as f64 * self.config.soft_threshold) as u64
-        } else {
-            limit
-        };
-        let reserve = request.output_reserve(self.config.reserve_output_tokens.min(window / 4));
-        let Some(room) = budget.checked_sub(reserve) else {
-            return vec![];
-        };
-        let trigger = correction.unscale(room);
-        if self.meter.measure(request).total() <= trigger {
-            // The prompt only grows along the replay: under the trigger at its end, it never
-            // fired (the common case, decided without reading a message's content).
-            return vec![];
-        }
-        let edits = ContextEdits {
-            tool_uses: Some(ClearToolUses {
-                trigger: ClearTrigger::InputTokens(trigger),
-                keep: self.config.clear_keep_tool_uses,
-                clear_at_least: 0,
-                exclude_tools: BTreeSet::new(),
-                clear_inputs: ClearInputs::None,
-                only_when_enough: true,
-            }),
-            thinking: None,
-        };
-        let planned = self.plan_clearing(request, &edits);
-        if planned.clearing.is_empty() {
-            // Untouched: not even what the client asked the provider for is removed.
-            return vec![];
-        }
-        request.apply_clearing(&planned.clearing);
-        self.metrics.clearings_applied.inc();
-        planned.applied
     }
 }
 

@@ -42,12 +42,22 @@ pub(super) struct Conversation {
     pub(super) context: RequestContext,
 }
 
-/// Whether `checkpoint` summarizes a prefix of the conversation whose chain is `chain`.
+/// Whether `checkpoint` applies to the conversation whose chain is `chain`: it summarizes a
+/// prefix of it, or clears tool results in it, or both, and the conversation holds every
+/// element it read.
 pub(super) fn matches_prefix(checkpoint: &Checkpoint, chain: &[Hash]) -> bool {
-    checkpoint.covered > 0
-        && chain
-            .get(checkpoint.covered - 1)
-            .is_some_and(|h| identity::hex(h) == checkpoint.prefix_hash)
+    let shares =
+        |through: usize, hash: &str| chain.get(through).is_some_and(|h| identity::hex(h) == hash);
+    let summary = match checkpoint.covered {
+        0 => checkpoint.cleared.is_some(),
+        covered => shares(covered - 1, &checkpoint.prefix_hash),
+    };
+    let cleared = checkpoint.cleared.as_ref().is_none_or(|cleared| {
+        cleared
+            .through()
+            .is_some_and(|through| shares(through, &cleared.through_hash))
+    });
+    summary && cleared
 }
 
 /// Whether what is sent through `checkpoint` (instructions, the pinned user element, the kept
@@ -166,7 +176,7 @@ impl Engine {
     /// Stage `apply_checkpoint`: sends the request through the newest regular checkpoint when
     /// that fits, else through one prepared ahead of time when that fits; otherwise reports the
     /// best view found. A `forced` request never stops here.
-    pub(super) fn apply_checkpoint<'c>(
+    pub(super) async fn apply_checkpoint<'c>(
         self: &Arc<Self>,
         conversation: &Conversation,
         checkpoints: &'c [Checkpoint],
@@ -176,6 +186,17 @@ impl Engine {
         let regular = checkpoints.iter().find(|c| !c.ahead_of_time);
         let mut view = self.view(conversation, regular);
         if !forced && self.fits(conversation, &view) {
+            // Past the soft threshold a summary would start in the background: clearing old
+            // tool results first may make it unneeded.
+            if let Some(soft) = self.soft_budget(conversation) {
+                if self.needed(conversation, &view) > soft {
+                    if let Some(cleared) = self.clear_tail(conversation, &view, soft).await {
+                        let view = self.view(conversation, Some(&cleared));
+                        let prepared = self.rewrite(conversation, &view, std::mem::take(outcome));
+                        return Applied::Ready(prepared);
+                    }
+                }
+            }
             self.maybe_start_background(conversation, &view);
             return Applied::Ready(self.rewrite(conversation, &view, std::mem::take(outcome)));
         }
@@ -239,20 +260,34 @@ impl Engine {
                 None => tokens[i],
             })
             .sum();
-        let summary = self.summary_tokens(conversation, cp);
+        // A checkpoint of clearing alone has no summary message.
+        let summary = match cp.covered {
+            0 => 0,
+            _ => self.summary_tokens(conversation, cp),
+        };
+        let freed: u64 = cp
+            .cleared
+            .iter()
+            .flat_map(|c| &c.results)
+            .map(|r| r.freed_tokens)
+            .sum();
         View {
             checkpoint: Some(cp),
-            tokens: fixed + instructions + pinned + kept + summary,
+            tokens: (fixed + instructions + pinned + kept + summary).saturating_sub(freed),
         }
     }
 
     pub(super) fn fits(&self, conversation: &Conversation, view: &View<'_>) -> bool {
+        self.needed(conversation, view) <= conversation.limit
+    }
+
+    /// Calibrated tokens the request takes through `view`, its output reserve included.
+    pub(super) fn needed(&self, conversation: &Conversation, view: &View<'_>) -> u64 {
         // Saturating: a client may ask for any output budget, up to `u64::MAX`.
         conversation
             .correction
             .apply(view.tokens)
             .saturating_add(conversation.reserve)
-            <= conversation.limit
     }
 
     /// Raw tokens of the instruction (system/developer) messages.

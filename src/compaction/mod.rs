@@ -11,7 +11,9 @@
 //! 3. `measure`: what the request costs as the client sent it;
 //! 4. `stored_checkpoints` / `apply_checkpoint`: the newest stored checkpoint whose prefix
 //!    matches, and whether the request fits through it (or through one prepared ahead of time);
-//! 5. `check_fits_at_all`, then the backoff after failed compactions ([`single_flight`]);
+//! 5. `check_fits_at_all`; `clear` ([`tail_clearing`]): the oldest tool results past the
+//!    checkpoint's cut stubbed, with no model call, when that alone makes the request fit
+//!    (stored as a checkpoint); then the backoff after failed compactions ([`single_flight`]);
 //! 6. `summarize` ([`compact`]): plan the cut ([`plan`]), write the summary once per
 //!    conversation across replicas ([`single_flight`]) with the wording of [`prompt`], store
 //!    the checkpoint;
@@ -50,6 +52,7 @@ mod single_flight;
 mod slots;
 pub mod summarizer;
 pub mod summary_text;
+mod tail_clearing;
 pub mod user_words;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -309,11 +312,23 @@ impl Engine {
         mut outcome: Outcome,
     ) -> Result<Prepared, Refusal> {
         let forced = trigger != Trigger::Threshold;
-        let view = match self.apply_checkpoint(conversation, checkpoints, forced, &mut outcome) {
+        let view = match self
+            .apply_checkpoint(conversation, checkpoints, forced, &mut outcome)
+            .await
+        {
             Applied::Ready(prepared) => return Ok(prepared),
             Applied::OverLimit(view) => view,
         };
         self.check_fits_at_all(conversation)?;
+        if !forced {
+            if let Some(cleared) = self
+                .clear_tail(conversation, &view, conversation.limit)
+                .await
+            {
+                let view = self.view(conversation, Some(&cleared));
+                return Ok(self.rewrite(conversation, &view, outcome));
+            }
+        }
         if let Some(status) = self.backing_off(conversation) {
             outcome.status = Some(status);
             return Ok(self.fallback(conversation, &view, outcome));
@@ -382,6 +397,12 @@ impl Engine {
                 trigger: trigger.label(),
             })
             .inc();
+    }
+
+    /// The prompt's tokens by our count, counted as [`Engine::count`] does (a large request on
+    /// the blocking pool): for a threshold a client set.
+    pub async fn prompt_tokens(&self, request: &Arc<dyn WireRequest>) -> u64 {
+        self.count(request).await.total()
     }
 
     /// Counts the request's tokens: a small request on this worker, a large one on the blocking

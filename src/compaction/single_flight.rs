@@ -48,7 +48,8 @@ impl Engine {
         let anchor = conversation.anchor.ok_or(SummaryError::Nothing)?;
         let lease_key = format!("lease:{}", identity::hex(&anchor));
         let deadline = started + Duration::from_millis(self.config.summary_timeout_ms);
-        let mut base = base.cloned();
+        // A checkpoint of clearing alone summarizes nothing: the summary starts from scratch.
+        let mut base = base.filter(|b| b.covered > 0).cloned();
         loop {
             let plan = self.plan(conversation, base.as_ref(), trigger)?;
             let prefix = identity::hex(&conversation.chain[plan.cut - 1]);

@@ -252,6 +252,14 @@ pub trait WireRequest: Send + Sync {
         let _ = clearing;
     }
 
+    /// A copy of the request with `clearing` written into it ([`WireRequest::apply_clearing`]),
+    /// the request itself unchanged: what a checkpoint that cleared tool results is rendered
+    /// through. `None` for a format that clears nothing.
+    fn cleared_copy(&self, clearing: &Clearing) -> Option<Box<dyn WireRequest>> {
+        let _ = clearing;
+        None
+    }
+
     /// The body as the client sent it (asking for usage if [`WireRequest::ask_for_usage`] did).
     fn original_body(&self) -> Vec<u8>;
 

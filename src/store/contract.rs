@@ -21,6 +21,16 @@ pub fn sample(anchor: &str, covered: usize, created_ms: u64) -> Checkpoint {
         created_ms,
         model: "m".into(),
         ahead_of_time: false,
+        // Every store keeps what a checkpoint clears, as it keeps its summary.
+        cleared: Some(Cleared {
+            through_hash: format!("h{}", covered + 2),
+            results: vec![ClearedUse {
+                index: covered + 2,
+                call_id: "call_1".into(),
+                stub: "[result of read cleared to save context: 900 tokens]".into(),
+                freed_tokens: 880,
+            }],
+        }),
     }
 }
 

@@ -67,6 +67,41 @@ pub struct Checkpoint {
     /// Whether this checkpoint was prepared ahead of time (in the background).
     #[serde(default)]
     pub ahead_of_time: bool,
+    /// Tool results past `covered` replaced by one-line stubs, with no model call: cleared on
+    /// every request through this checkpoint. `None` for a summary; a checkpoint of clearing
+    /// alone (nothing summarized yet) covers nothing (`covered` 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cleared: Option<Cleared>,
+}
+
+/// What a checkpoint clears of the verbatim part of its conversation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cleared {
+    /// Chain hash of the last element a cleared result is in (hex): the clearing applies to
+    /// requests that share it, so an edited history is never cleared by an old plan.
+    pub through_hash: String,
+    /// The results cleared, oldest first.
+    pub results: Vec<ClearedUse>,
+}
+
+impl Cleared {
+    /// The last element a cleared result is in.
+    pub fn through(&self) -> Option<usize> {
+        self.results.iter().map(|r| r.index).max()
+    }
+}
+
+/// One tool result replaced by its stub.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClearedUse {
+    /// The element that carries the result.
+    pub index: usize,
+    /// The id of the call it answers.
+    pub call_id: String,
+    /// The one line the model reads in its place.
+    pub stub: String,
+    /// Raw tokens the stub saves.
+    pub freed_tokens: u64,
 }
 
 /// A kept message shortened to at most `keep_tokens` of content.

@@ -75,7 +75,6 @@ fn tool_edit(trigger: ClearTrigger, keep: u64) -> ClearToolUses {
         clear_at_least: 0,
         exclude_tools: BTreeSet::new(),
         clear_inputs: ClearInputs::None,
-        only_when_enough: false,
     }
 }
 
@@ -244,23 +243,4 @@ fn cleared_thinking_counts_toward_the_tool_trigger() {
     // With old reasoning gone the prompt stays under the trigger.
     assert!(with_thinking.clearing.results.is_empty());
     assert_eq!(with_thinking.clearing.thinking.len(), 5);
-}
-
-#[test]
-fn clearing_first_stops_where_clearing_is_not_enough() {
-    let conversation = (0..3).fold(six_reads().user(2_000), |b, _| b.step("Read", 10, 200, 0));
-    let plain = tool_edit(ClearTrigger::InputTokens(1_000), 2);
-    let first = ClearToolUses {
-        only_when_enough: true,
-        ..plain.clone()
-    };
-    // Before the pasted turn, clearing brings the prompt under: the same clearing either way.
-    let before = six_reads().plan(&only_tools(first.clone()));
-    assert_eq!(cleared_ids(&before), ["call1", "call3", "call5"]);
-    // At the pasted turn it is not enough: a summary is made there, and nothing after it is
-    // cleared, where the plain edit goes on clearing.
-    let planned = conversation.plan(&only_tools(first));
-    assert_eq!(cleared_ids(&planned), ["call1", "call3", "call5"]);
-    let cleared_plainly = cleared_ids(&conversation.plan(&only_tools(plain)));
-    assert!(cleared_plainly.len() > 3, "{cleared_plainly:?}");
 }

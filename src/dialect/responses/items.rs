@@ -7,6 +7,8 @@
 //! every one of their outputs. So a cut may fall before item `i` only when `i` is not an output,
 //! `i - 1` is not reasoning, and every call before `i` has its output before `i`.
 
+use std::borrow::Cow;
+
 use serde::Deserialize;
 
 use crate::dialect::Role;
@@ -39,14 +41,16 @@ pub struct Item {
     pub call_id: Option<String>,
 }
 
+/// What an item is read for when the request arrives, borrowed from its bytes where they hold
+/// no escapes.
 #[derive(Deserialize)]
-struct ItemHead {
-    #[serde(rename = "type", default)]
-    kind: Option<String>,
-    #[serde(default)]
-    role: Option<String>,
-    #[serde(default)]
-    call_id: Option<String>,
+struct ItemHead<'a> {
+    #[serde(rename = "type", default, borrow)]
+    kind: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    role: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    call_id: Option<Cow<'a, str>>,
 }
 
 impl Item {
@@ -55,7 +59,7 @@ impl Item {
         let head: ItemHead = serde_json::from_str(raw.get())
             .map_err(|_| "an input item must be an object with a string `type`".to_string())?;
         let kind = match (head.kind.as_deref(), head.role) {
-            (Some("message") | None, Some(role)) => ItemKind::Message(role),
+            (Some("message") | None, Some(role)) => ItemKind::Message(role.into_owned()),
             (Some("message") | None, None) => return Err("a message needs a `role`".into()),
             (Some("reasoning"), _) => ItemKind::Reasoning,
             (Some("compaction" | "compaction_summary"), _) => ItemKind::Compaction,
@@ -67,11 +71,8 @@ impl Item {
         if matches!(kind, ItemKind::Output) && head.call_id.is_none() {
             return Err("a tool output needs a `call_id`".into());
         }
-        Ok(Item {
-            raw,
-            kind,
-            call_id: head.call_id,
-        })
+        let call_id = head.call_id.map(Cow::into_owned);
+        Ok(Item { raw, kind, call_id })
     }
 
     pub fn is_instruction(&self) -> bool {
