@@ -99,6 +99,14 @@ struct Args {
     /// cleared first (`compaction.clear_tool_results_first = false`).
     #[arg(long)]
     no_clearing: bool,
+    /// In the probe benchmark's replays, the summaries are written by the model at `--url`
+    /// (`--model`, with a context window of `--probes-model-window` tokens) instead of a
+    /// summarizer whose text carries nothing.
+    #[arg(long)]
+    probes_model: bool,
+    /// The context window of the model writing the replays' summaries (default `--window`).
+    #[arg(long)]
+    probes_model_window: Option<u64>,
     /// Markdown file the results are appended to.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -150,6 +158,11 @@ async fn run(args: &Args) -> Result<(), String> {
             out: args.out.as_deref(),
             summaries: args.summaries.as_deref(),
             clear_first: !args.no_clearing,
+            summarizer: args.probes_model.then(|| replay::ModelSummarizer {
+                url: args.url.clone(),
+                model: args.model.clone(),
+                window: args.probes_model_window.unwrap_or(args.window),
+            }),
         })
         .await;
     }

@@ -36,6 +36,9 @@ pub struct ProbeArgs<'a> {
     pub summaries: Option<&'a Path>,
     /// Whether the replayed engine clears old tool output before it summarizes.
     pub clear_first: bool,
+    /// The model that writes the replays' summaries; none: a summarizer whose text carries
+    /// nothing.
+    pub summarizer: Option<replay::ModelSummarizer>,
 }
 
 /// One scored request: its probes' tally and its tokens against the history's.
@@ -64,7 +67,13 @@ pub async fn run(args: &ProbeArgs<'_>) -> Result<(), String> {
                 let body: Value =
                     serde_json::from_slice(&bytes).map_err(|e| format!("{name}: {e}"))?;
                 let started = std::time::Instant::now();
-                let replayed = replay::replay(&body, args.window, args.clear_first).await?;
+                let replayed = replay::replay(
+                    &body,
+                    args.window,
+                    args.clear_first,
+                    args.summarizer.as_ref(),
+                )
+                .await?;
                 eprintln!(
                     "fidelity: {name}: {} requests, {} compactions, {} clearings, {:.0} s",
                     replayed.requests,
@@ -90,7 +99,8 @@ pub async fn run(args: &ProbeArgs<'_>) -> Result<(), String> {
             let _ = write!(
                 all,
                 "# Probes of replaced turns, {}\n\nProduced by `scripts/fidelity --probes`. \
-                 Deterministic: no model is asked.\n\n## Probe rules\n\n{}\n",
+                 Deterministic unless a model writes the replays' summaries \
+                 (`--probes-model`).\n\n## Probe rules\n\n{}\n",
                 args.date,
                 probes::PROBE_RULES
             );
@@ -234,12 +244,22 @@ fn report(
         }
     }
     if !replays.is_empty() {
+        let summarized_by = match &args.summarizer {
+            Some(m) => format!(
+                "summarized by `{}` (a {}-token window; the record fills what its text \
+                 leaves); \"ours without the record\" is the last request with the record taken \
+                 out of its summary",
+                m.model, m.window
+            ),
+            None => "summarized by a summarizer whose text carries nothing: only what code \
+                     carries counts"
+                .to_string(),
+        };
         let _ = writeln!(
             out,
             "\n### Replayed at a {}-token window through the engine\n\nEach conversation sent \
              as its client would, the whole history up to each point the model answers next, \
-             summarized by a summarizer whose text carries nothing: only what code carries \
-             counts.\n",
+             {summarized_by}.\n",
             args.window
         );
         for (name, r) in replays {
@@ -249,6 +269,19 @@ fn report(
                  clearing old tool output alone (no model call), {} summary requests",
                 r.requests, r.compactions, r.clearings, r.summary_requests
             );
+            if r.cleared_results > 0 {
+                let (answered, total) = r
+                    .cleared_uses
+                    .per
+                    .values()
+                    .fold((0, 0), |(a, t), &(x, y)| (a + x, t + y));
+                let _ = writeln!(
+                    out,
+                    "  - {} tool results cleared; probes of the cleared tool uses (call and \
+                     result) still answered on the request that cleared them: {answered}/{total}",
+                    r.cleared_results
+                );
+            }
         }
         out.push('\n');
         header(&mut out, "conversation, request");
@@ -280,6 +313,14 @@ fn report(
                 &r.last,
                 last.clone(),
             );
+            if let Some(prose) = &r.last_without_record {
+                row(
+                    &mut out,
+                    &format!("{name}, ours without the record, after the last"),
+                    prose,
+                    last.clone(),
+                );
+            }
             row(
                 &mut out,
                 &format!("{name}, drop-oldest after the last"),
@@ -308,6 +349,25 @@ fn report(
         for (i, (label, tally)) in labels.iter().zip(&totals).enumerate() {
             let (t, o) = sums[i / 2];
             row(&mut out, label, tally, kept(t, o));
+        }
+        let _ = writeln!(
+            out,
+            "\nRoom after the last compaction: the record's tokens in the last summary, against \
+             what listing every probe's answer as a line of its own would take (`- ` and the \
+             answer):\n"
+        );
+        for (name, r) in replays {
+            let needs: Vec<String> = r
+                .answer_tokens
+                .iter()
+                .map(|(category, tokens)| format!("{} {tokens}", category.label()))
+                .collect();
+            let _ = writeln!(
+                out,
+                "- {name}: record {} tokens; answers: {}",
+                r.record_tokens,
+                needs.join(", ")
+            );
         }
         let _ = writeln!(
             out,

@@ -22,14 +22,19 @@ pub const PROBE_RULES: &str = "\
 - **paths**: each path a tool call of the span read or modified (Compactor's file tracking), \
 with what was done to it; answered when the path, or its last two components, occurs.
 - **commands**: each distinct shell command a tool call ran; the answer is its first line, \
-whitespace collapsed, cut to 60 characters.
+whitespace collapsed, cut to 60 characters (at a word's end when there is one past the 30th; an \
+answer cut inside a word may be continued by the rest of that word).
 - **identifiers**: the symbols an edit or a write of a code file (not `.md`, `.txt`) defined or \
 edited: each name after a declaration keyword (`fn`, `function`, `class`, `const`, `let`, \
 `def`, `interface`, `type`, `struct`, `enum`, `trait`, …) and before `=`, `(`, `<`, `{`, `:`, \
 `extends`, on either side of an edit or in what a write wrote (`record::declared_names`); \
 answered when the name occurs whole.
 - **errors**: the first line reporting a failure (error, failed, cannot, not found, …, not `0 \
-errors`) of each result of a tool that ran something (not a file read), cut to 60 characters.
+errors`) of each result of a tool that ran something (not a file read), cut to 60 characters. \
+What a command that prints files (`cat`, `head`, `tail`, `grep`, `rg`, `sed`, `awk`, `find`, \
+`ls`, `wc`, `git diff`/`show`/`log`/`grep`, after any `cd …&&`) printed is their content, as \
+a file read's is: only its program's own complaints (`grep: …`, `No such file or directory`) \
+are failures; nor is a line of a numbered code frame (`216 │ …`, `12 | …`).
 - **constraints**: each sentence of the user's own words (client injections removed) that binds \
 later work, as `user_words::constraints` finds them; the answer is its first 60 characters.
 - **requests**: each user message with two or more distinctive words, judged by its key words \
@@ -83,6 +88,8 @@ pub struct Probe {
     /// Strings the answer is made of; `need` of them must occur.
     pub answer: Vec<String>,
     pub need: usize,
+    /// Whether the answer was cut inside a word: then what follows it may continue that word.
+    pub open_end: bool,
 }
 
 impl Probe {
@@ -91,6 +98,16 @@ impl Probe {
             category,
             answer: vec![answer],
             need: 1,
+            open_end: false,
+        }
+    }
+
+    /// A probe whose answer is `text` cut to [`ANSWER_CHARS`].
+    fn cut(category: Category, text: &str) -> Probe {
+        let (answer, open_end) = cut(text, ANSWER_CHARS);
+        Probe {
+            open_end,
+            ..Probe::exact(category, answer)
         }
     }
 
@@ -138,10 +155,7 @@ pub fn draw(span: &[(Role, MessageView)]) -> Vec<Probe> {
             Role::User if !view.text.contains("<summary>") => {
                 let words = user_words::own_words(&view.text);
                 for constraint in user_words::constraints(&words) {
-                    probes.push(Probe::exact(
-                        Category::Constraints,
-                        cut(&constraint, ANSWER_CHARS),
-                    ));
+                    probes.push(Probe::cut(Category::Constraints, &constraint));
                 }
                 let key = score::key_words(&words.to_lowercase(), &frequency);
                 if key.len() >= 2 {
@@ -149,6 +163,7 @@ pub fn draw(span: &[(Role, MessageView)]) -> Vec<Probe> {
                         category: Category::Requests,
                         need: key.len().div_ceil(2),
                         answer: key,
+                        open_end: false,
                     });
                 }
             }
@@ -169,6 +184,7 @@ pub fn draw(span: &[(Role, MessageView)]) -> Vec<Probe> {
                             category: Category::Decisions,
                             need: tokens.len().div_ceil(2),
                             answer: tokens,
+                            open_end: false,
                         });
                     }
                 }
@@ -178,8 +194,9 @@ pub fn draw(span: &[(Role, MessageView)]) -> Vec<Probe> {
                 if call.is_some_and(|(name, args)| files::reads(name, args)) {
                     continue;
                 }
-                if let Some(line) = record::error_lines(&view.text).next() {
-                    probes.push(Probe::exact(Category::Errors, cut(line, ANSWER_CHARS)));
+                let command = call.and_then(|(name, args)| record::shell_command(name, args));
+                if let Some(line) = failure_lines(command.as_deref(), &view.text).next() {
+                    probes.push(Probe::cut(Category::Errors, line));
                 }
             }
             _ => {}
@@ -190,7 +207,7 @@ pub fn draw(span: &[(Role, MessageView)]) -> Vec<Probe> {
             };
             if let Some(command) = record::shell_command(name, args) {
                 let first = command.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
-                probes.push(Probe::exact(Category::Commands, cut(first, ANSWER_CHARS)));
+                probes.push(Probe::cut(Category::Commands, first));
             }
             if files::modifies(name, args) {
                 for name in record::declared_names(args) {
@@ -204,18 +221,72 @@ pub fn draw(span: &[(Role, MessageView)]) -> Vec<Probe> {
     probes
 }
 
-/// `text` on one line, cut to `chars` characters at a word's end (no ellipsis: an answer is a
-/// prefix, and a word cut in two would not match the whole one).
-fn cut(text: &str, chars: usize) -> String {
+/// `text` on one line, cut to `chars` characters at a word's end when one is past the half (no
+/// ellipsis: an answer is a prefix); with whether it was cut inside a word.
+fn cut(text: &str, chars: usize) -> (String, bool) {
     let line = text.split_whitespace().collect::<Vec<_>>().join(" ");
     if line.chars().count() <= chars {
-        return line;
+        return (line, false);
     }
     let head: String = line.chars().take(chars).collect();
     match head.rfind(' ') {
-        Some(at) if at > chars / 2 => head[..at].to_string(),
-        _ => head,
+        Some(at) if at > chars / 2 => (head[..at].to_string(), false),
+        _ => {
+            let word = |c: char| c.is_alphanumeric() || c == '_';
+            let next = line.chars().nth(chars);
+            let inside = head.chars().next_back().is_some_and(word) && next.is_some_and(word);
+            (head, inside)
+        }
     }
+}
+
+/// Programs whose output is the content of files: what they print is not their failure.
+const PRINTERS: &[&str] = &[
+    "cat", "head", "tail", "grep", "egrep", "rg", "ag", "sed", "awk", "find", "ls", "wc", "nl",
+    "less", "bat",
+];
+/// `git` sub-commands that print files or history.
+const GIT_PRINTERS: &[&str] = &["diff", "show", "log", "grep", "blame"];
+
+static CODE_FRAME: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^\s*\d+\s*[│|]").unwrap());
+
+/// The lines of a tool's output that report a failure of what ran (`command`, when it was a
+/// shell command): [`record::error_lines`], less the lines of code frames and, when the
+/// command only prints files, all but its program's own complaints.
+fn failure_lines<'a>(command: Option<&str>, output: &'a str) -> impl Iterator<Item = &'a str> {
+    let printer = command.and_then(printing_program);
+    record::error_lines(output).filter(move |line| {
+        if CODE_FRAME.is_match(line) {
+            return false;
+        }
+        match &printer {
+            Some(program) => {
+                line.starts_with(&format!("{program}:"))
+                    || line.contains("No such file or directory")
+            }
+            None => true,
+        }
+    })
+}
+
+/// The program of `command` when it only prints files: its first, after any `cd …&&` and
+/// variable assignments.
+fn printing_program(command: &str) -> Option<String> {
+    let first = command.lines().find(|l| !l.trim().is_empty())?;
+    let mut rest = first.trim();
+    while let Some((head, tail)) = rest.split_once("&&") {
+        if head.trim() != "cd" && !head.trim_start().starts_with("cd ") {
+            break;
+        }
+        rest = tail.trim();
+    }
+    let mut words = rest
+        .split_whitespace()
+        .skip_while(|w| w.contains('=') && !w.starts_with('-'));
+    let program = words.next()?.rsplit('/').next()?;
+    let prints = PRINTERS.contains(&program)
+        || (program == "git" && words.next().is_some_and(|w| GIT_PRINTERS.contains(&w)));
+    prints.then(|| program.to_string())
 }
 
 /// A request's text prepared for probing: lowercased, whitespace collapsed, and the stems of
@@ -244,7 +315,11 @@ impl Haystack {
             .filter(|a| match probe.category {
                 Category::Requests => self.stems.contains(&score::stem(a)),
                 Category::Paths => score::mentions(&self.text, a),
-                _ => contains_bounded(&self.text, &cut(&a.to_lowercase(), usize::MAX)),
+                _ => contains_bounded(
+                    &self.text,
+                    &cut(&a.to_lowercase(), usize::MAX).0,
+                    probe.open_end,
+                ),
             })
             .count();
         found >= probe.need
@@ -252,8 +327,9 @@ impl Haystack {
 }
 
 /// Whether `needle` occurs in `text` without continuing a longer word at either end (an end
-/// that is itself not a word character may touch anything).
-fn contains_bounded(text: &str, needle: &str) -> bool {
+/// that is itself not a word character may touch anything; with `open_end`, the needle was cut
+/// inside a word and its end may be continued).
+fn contains_bounded(text: &str, needle: &str, open_end: bool) -> bool {
     let word = |c: char| c.is_alphanumeric() || c == '_';
     let starts_word = needle.chars().next().is_some_and(word);
     let ends_word = needle.chars().next_back().is_some_and(word);
@@ -262,7 +338,7 @@ fn contains_bounded(text: &str, needle: &str) -> bool {
             let before = text[..at].chars().next_back();
             let after = text[at + needle.len()..].chars().next();
             let joins_before = starts_word && before.is_some_and(word);
-            let joins_after = ends_word && after.is_some_and(word);
+            let joins_after = !open_end && ends_word && after.is_some_and(word);
             !joins_before && !joins_after
         })
 }

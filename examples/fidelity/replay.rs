@@ -7,19 +7,29 @@
 //! At each compaction point the probes of the newly replaced span ([`probes::draw`]) are scored
 //! on the request just forwarded; after the last request, every probe of the run is scored on
 //! it, and on a drop-oldest request of the same size.
+//!
+//! With a [`ModelSummarizer`], the summaries are written by that model instead (the record
+//! fills what its text leaves, as in the proxy), and the last request is also scored with the
+//! record taken out of its summary: what the model's prose and the file lists carry alone.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use std::time::Duration;
+
+use compactor::compaction::record;
 use compactor::compaction::summary_text::SUMMARY_PREAMBLE;
-use compactor::compaction::{Engine, Mode, Parts, RequestContext, Summarizer, SummarizerError};
+use compactor::compaction::{Engine, Parts, RequestContext, Summarizer, SummarizerError};
 use compactor::config::{CompactionConfig, SummarizerConfig};
 use compactor::dialect::chat::request::ChatRequest;
-use compactor::dialect::{AppliedEdit, MessageView, Role, SummaryRequest, WireRequest};
+use compactor::dialect::chat::Chat;
+use compactor::dialect::{MessageView, Role, SummaryRequest, WireRequest};
 use compactor::identity;
 use compactor::measure::{windows::WindowTable, Meter};
 use compactor::metrics::Metrics;
 use compactor::store::{memory::MemoryStore, CheckpointStore};
+use compactor::tokenizer::Encoding;
+use compactor::upstream::{summarizer::HttpSummarizer, Upstream};
 use serde_json::Value;
 
 use crate::probes::{self, Haystack, Probe, Tally};
@@ -36,6 +46,14 @@ impl Summarizer for Blank {
     ) -> Result<String, SummarizerError> {
         Ok(String::new())
     }
+}
+
+/// A real summarizer for the replay: an OpenAI-compatible endpoint and its context window.
+#[derive(Debug, Clone)]
+pub struct ModelSummarizer {
+    pub url: String,
+    pub model: String,
+    pub window: u64,
 }
 
 /// What one replay measured.
@@ -64,16 +82,37 @@ pub struct Replay {
     pub point_tokens: (u64, u64),
     /// The summary message of the last request, for reading.
     pub last_summary: String,
+    /// Probes of each tool use whose result was cleared (its call and its result), scored on
+    /// the request that first cleared it: what a stub costs in the verbatim tail.
+    pub cleared_uses: Tally,
+    /// Tool results cleared over the replay.
+    pub cleared_results: usize,
+    /// Tokens of the last summary's record, and what listing every probe's answer of each
+    /// category as a line of its own would take (`- ` and the answer's strings): the room the
+    /// answers need against the room there is.
+    pub record_tokens: u64,
+    pub answer_tokens: Vec<(probes::Category, u64)>,
+    /// With a model summarizer: every probe of the run on the last request with the record
+    /// taken out of its summary (the model's prose, the file lists and the turns kept).
+    pub last_without_record: Option<Tally>,
 }
 
+/// What a cleared result reads as ([`compactor::compaction::clearing::result_stub`]).
+const STUB_MARK: &str = "cleared to save context";
+
 /// Replays `body` (a chat request with the whole conversation) at `window` tokens.
-pub async fn replay(body: &Value, window: u64, clear_first: bool) -> Result<Replay, String> {
+pub async fn replay(
+    body: &Value,
+    window: u64,
+    clear_first: bool,
+    summarizer: Option<&ModelSummarizer>,
+) -> Result<Replay, String> {
     let messages = body["messages"]
         .as_array()
         .ok_or("the conversation has no messages")?
         .clone();
     let model = body["model"].as_str().unwrap_or_default();
-    let (engine, metrics) = engine(model, window, clear_first);
+    let (engine, metrics) = engine(model, window, clear_first, summarizer)?;
     let context = RequestContext {
         tenant: identity::tenant("Bearer fidelity"),
         ..RequestContext::default()
@@ -100,21 +139,13 @@ pub async fn replay(body: &Value, window: u64, clear_first: bool) -> Result<Repl
         .filter(|&end| matches!(views[end - 1].0, Role::User | Role::Tool))
         .collect();
     let mut last_sent = Vec::new();
-    let mut cleared_before = 0;
+    let (mut cleared_ids, mut seen_cleared) = (BTreeSet::new(), BTreeSet::new());
     for &end in &ends {
-        let mut parsed = parse(body, &messages[..end])?;
-        let cleared: u64 = engine
-            .clear_first(&mut parsed, Mode::Auto, &context.tenant)
-            .await
-            .iter()
-            .map(|edit| match *edit {
-                AppliedEdit::ToolUses {
-                    cleared_tool_uses, ..
-                } => cleared_tool_uses,
-                AppliedEdit::Thinking { .. } => 0,
-            })
-            .sum();
-        let request: Arc<dyn WireRequest> = Arc::new(parsed);
+        let request: Arc<dyn WireRequest> = Arc::new(parse(body, &messages[..end])?);
+        let (clearings, summaries) = (
+            metrics.clearings_applied.get(),
+            metrics.summary_requests.get(),
+        );
         let prepared = engine
             .prepare(&context, &request)
             .await
@@ -122,10 +153,20 @@ pub async fn replay(body: &Value, window: u64, clear_first: bool) -> Result<Repl
         out.requests += 1;
         let sent = parse_sent(&prepared.body)?;
         let now_covered = cut_of(&sent, end);
-        if cleared > cleared_before && now_covered == covered {
+        if metrics.clearings_applied.get() > clearings
+            && metrics.summary_requests.get() == summaries
+        {
             out.clearings += 1;
         }
-        cleared_before = cleared;
+        let fresh_uses = newly_cleared(&sent, &views[..end], &mut cleared_ids);
+        out.cleared_results += fresh_uses.len();
+        let mut fresh: Vec<Probe> = fresh_uses
+            .iter()
+            .flat_map(|&(call, result)| probes::draw(&[views[call].clone(), views[result].clone()]))
+            .collect();
+        fresh.retain(|p| seen_cleared.insert((p.category, p.answer.clone())));
+        out.cleared_uses
+            .add(&Tally::score(&fresh, &haystack(&sent)));
         if now_covered > covered {
             out.compactions += 1;
             let span = &views[covered..now_covered];
@@ -155,6 +196,32 @@ pub async fn replay(body: &Value, window: u64, clear_first: bool) -> Result<Repl
     out.last_tokens = meter.measure(&sent).total();
     out.original_tokens = meter.measure(&full).total();
     out.last = Tally::score(&all, &haystack(&sent));
+    let encoding = Encoding::O200k;
+    out.record_tokens = record::split(&out.last_summary)
+        .1
+        .map_or(0, |r| encoding.count(without_lists(r)));
+    for category in probes::Category::ALL {
+        let tokens = all
+            .iter()
+            .filter(|p| p.category == category)
+            .map(|p| encoding.count(&p.answer.join(" ")) + 2)
+            .sum();
+        out.answer_tokens.push((category, tokens));
+    }
+    if summarizer.is_some() {
+        let prose: Vec<(Role, MessageView)> = sent
+            .messages
+            .iter()
+            .map(|m| {
+                let mut view = m.view().clone();
+                if view.text.starts_with(SUMMARY_PREAMBLE) {
+                    view.text = without_record(&view.text);
+                }
+                (m.role, view)
+            })
+            .collect();
+        out.last_without_record = Some(Tally::score(&all, &Haystack::new(&text_of(&prose))));
+    }
     let dropped = drop_oldest(&views, &tokens, out.last_tokens);
     out.last_dropped = Tally::score(&all, &Haystack::new(&dropped));
     Ok(out)
@@ -163,16 +230,44 @@ pub async fn replay(body: &Value, window: u64, clear_first: bool) -> Result<Repl
 /// The engine at `window`, with the memory store, real time and no ahead-of-time summaries (a
 /// replay sends the next request at once), clearing old tool output first or not; and its
 /// metrics (the summary requests it made).
-fn engine(model: &str, window: u64, clear_first: bool) -> (Arc<Engine>, Arc<Metrics>) {
+fn engine(
+    model: &str,
+    window: u64,
+    clear_first: bool,
+    writer: Option<&ModelSummarizer>,
+) -> Result<(Arc<Engine>, Arc<Metrics>), String> {
     let config = CompactionConfig {
         ahead_of_time: false,
         clear_tool_results_first: clear_first,
         max_summary_chunks: 10_000,
+        // A 0.5B model on a loaded CPU takes minutes per summary, past the proxy's timeout.
+        summary_timeout_ms: if writer.is_some() { 3_600_000 } else { 120_000 },
         ..CompactionConfig::default()
     };
-    let summarizer = SummarizerConfig {
-        window: 1_000_000,
-        ..SummarizerConfig::default()
+    let summarizer = match writer {
+        Some(w) => SummarizerConfig {
+            model: w.model.clone(),
+            window: w.window,
+            ..SummarizerConfig::default()
+        },
+        None => SummarizerConfig {
+            window: 1_000_000,
+            ..SummarizerConfig::default()
+        },
+    };
+    let summary_writer: Arc<dyn Summarizer> = match writer {
+        Some(w) => {
+            // A 0.5B model on a loaded CPU may read for many minutes before its first byte.
+            let upstream = Upstream::new(
+                &w.url,
+                None,
+                Duration::from_secs(10),
+                Duration::from_secs(3600),
+            )
+            .map_err(|e| e.to_string())?;
+            Arc::new(HttpSummarizer::new(upstream, Arc::new(Chat)))
+        }
+        None => Arc::new(Blank),
     };
     let metrics = Arc::new(Metrics::default());
     let parts = Parts {
@@ -180,10 +275,63 @@ fn engine(model: &str, window: u64, clear_first: bool) -> (Arc<Engine>, Arc<Metr
         meter: Meter::new(100_000),
         // The model's window as configured: a known model's own window would win over a default.
         windows: WindowTable::new(&BTreeMap::from([(model.to_string(), window)]), window),
-        summary_writer: Arc::new(Blank),
+        summary_writer,
         metrics: metrics.clone(),
     };
-    (Arc::new(Engine::new(config, summarizer, parts)), metrics)
+    Ok((Arc::new(Engine::new(config, summarizer, parts)), metrics))
+}
+
+/// A record's text without the file lists that follow it in a summary message.
+fn without_lists(record: &str) -> &str {
+    let end = ["\n<files-read>", "\n<files-modified>", "</summary>"]
+        .iter()
+        .filter_map(|marker| record.find(marker))
+        .min()
+        .unwrap_or(record.len());
+    &record[..end]
+}
+
+/// A summary message's text without its record: from the record's heading to the file lists
+/// (or the summary's end).
+fn without_record(text: &str) -> String {
+    let Some(start) = text.find(record::HEADING) else {
+        return text.to_string();
+    };
+    let rest = &text[start..];
+    let end = without_lists(rest).len();
+    format!("{}{}", &text[..start], &rest[end..])
+}
+
+/// The tool uses whose results `sent` forwards cleared and no earlier request did (their ids
+/// noted in `cleared`): each as the element of its call and of its result in `views`.
+fn newly_cleared(
+    sent: &ChatRequest,
+    views: &[(Role, MessageView)],
+    cleared: &mut BTreeSet<String>,
+) -> Vec<(usize, usize)> {
+    let mut uses = Vec::new();
+    for message in &sent.messages {
+        let view = message.view();
+        let Some(id) = view.tool_call_id.as_deref() else {
+            continue;
+        };
+        if message.role != Role::Tool
+            || !view.text.contains(STUB_MARK)
+            || !cleared.insert(id.into())
+        {
+            continue;
+        }
+        let result = views
+            .iter()
+            .position(|(_, v)| v.tool_call_id.as_deref() == Some(id));
+        let call = views
+            .iter()
+            .position(|(_, v)| v.tool_calls.iter().any(|c| c.id == id));
+        if let (Some(call), Some(result)) = (call, result) {
+            uses.push((call, result));
+        }
+    }
+    uses
 }
 
 /// Where the conversation's own turns start: after its instructions.

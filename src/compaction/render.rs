@@ -2,8 +2,9 @@
 //! when no summary could be made and the request does not fit, with its oldest turns dropped
 //! under a marker ([`Engine::fallback`]).
 
+use crate::dialect::edits::{ClearedResult, Clearing};
 use crate::dialect::{Role, Through};
-use crate::store::Checkpoint;
+use crate::store::{Checkpoint, Cleared};
 use crate::tokenizer::REPLY_PRIMING;
 
 use super::conversation::{sends_only_counted, Conversation, View};
@@ -11,6 +12,21 @@ use super::{Engine, Outcome, Prepared};
 
 /// Room kept for the marker that says turns were dropped.
 const MARKER_TOKENS: u64 = 64;
+
+/// What a stored clearing asks its dialect to write into the request.
+fn clearing_of(cleared: &Cleared) -> Clearing {
+    Clearing {
+        results: cleared
+            .results
+            .iter()
+            .map(|r| ClearedResult {
+                call_id: r.call_id.clone(),
+                stub: r.stub.clone(),
+            })
+            .collect(),
+        ..Clearing::default()
+    }
+}
 
 impl Engine {
     /// Stage `rewrite`: the body through `view`'s checkpoint, with the outcome filled in.
@@ -38,6 +54,8 @@ impl Engine {
         }
     }
 
+    /// The body through `checkpoint`, with the tool results it clears stubbed (a checkpoint of
+    /// clearing alone sends every element, cleared, and no summary message).
     fn render(
         &self,
         conversation: &Conversation,
@@ -45,7 +63,15 @@ impl Engine {
         text: &str,
         merge_into_user: bool,
     ) -> Vec<u8> {
-        conversation.request.render(&Through {
+        let cleared = checkpoint
+            .cleared
+            .as_ref()
+            .and_then(|cleared| conversation.request.cleared_copy(&clearing_of(cleared)));
+        let request = cleared.as_deref().unwrap_or(conversation.request.as_ref());
+        if checkpoint.covered == 0 {
+            return request.original_body();
+        }
+        request.render(&Through {
             checkpoint,
             tokens: &conversation.message_tokens,
             merge_into_user,
@@ -113,10 +139,10 @@ impl Engine {
         let dropped = (kept_from..start)
             .filter(|&i| !roles[i].is_instruction())
             .count();
-        if dropped == 0 && view.checkpoint.is_none() {
+        if dropped == 0 && view.checkpoint.is_none_or(|cp| cp.covered == 0) {
             return self.rewrite(conversation, view, outcome);
         }
-        let omitted = match (dropped, view.checkpoint.is_some()) {
+        let omitted = match (dropped, view.checkpoint.is_some_and(|cp| cp.covered > 0)) {
             (0, _) => "the summary of its earlier turns".to_string(),
             (n, true) => format!("the summary of its earlier turns and the {n} messages after it"),
             (n, false) => format!("its {n} earliest messages"),
@@ -144,6 +170,7 @@ impl Engine {
             created_ms: 0,
             model: String::new(),
             ahead_of_time: false,
+            cleared: None,
         };
         if let Some(status) = &mut outcome.status {
             status.served_by("dropped-oldest");

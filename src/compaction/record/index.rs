@@ -98,8 +98,8 @@ impl Entry {
     fn line(&self, command_chars: usize, outcome_chars: usize, symbols: usize) -> String {
         let prefix = PREFIXES.iter().find(|(k, _)| *k == self.kind).unwrap().1;
         let name = match self.kind {
-            Kind::Command => one_line(&self.name, command_chars),
-            Kind::Error => one_line(&self.name, outcome_chars),
+            Kind::Command => cut(&self.name, command_chars),
+            Kind::Error => cut(&self.name, outcome_chars),
             _ => self.name.clone(),
         };
         let mut line = format!("{prefix}{name}");
@@ -115,7 +115,13 @@ impl Entry {
                 }
                 kept
             }
-            Kind::Command => one_line(&self.detail, outcome_chars),
+            // An exit code is kept whole before the line it failed with.
+            Kind::Command => match self.detail.split_once(": ") {
+                Some((exit, line)) if EXIT_CODE.is_match(exit) => {
+                    format!("{exit}: {}", cut(line, outcome_chars))
+                }
+                _ => cut(&self.detail, outcome_chars),
+            },
             _ => self.detail.clone(),
         };
         if !detail.is_empty() {
@@ -185,22 +191,23 @@ impl Index {
                     if files::reads(name, args) {
                         continue;
                     }
-                    let first_error = error_lines(&view.text).next();
-                    if shell_command(name, args).is_some() {
+                    let command = shell_command(name, args);
+                    let first_error = failure_lines(command.as_deref(), &view.text).next();
+                    if command.is_some() {
                         let exit = EXIT_CODE
                             .captures(&view.text)
                             .map(|c| format!("exit {}", &c[1]));
                         let outcome = match (exit, first_error) {
                             (Some(exit), Some(line)) if exit != "exit 0" => {
-                                format!("{exit}: {}", one_line(line, OUTCOME_CHARS))
+                                format!("{exit}: {}", cut(line, OUTCOME_CHARS))
                             }
                             (Some(exit), _) => exit,
-                            (None, Some(line)) => one_line(line, OUTCOME_CHARS),
+                            (None, Some(line)) => cut(line, OUTCOME_CHARS),
                             (None, None) => String::new(),
                         };
                         outcomes.insert(id, outcome);
                     } else if let Some(line) = first_error {
-                        index.add(Kind::Error, one_line(line, OUTCOME_CHARS), String::new());
+                        index.add(Kind::Error, cut(line, OUTCOME_CHARS), String::new());
                     }
                 }
                 Role::User | Role::Assistant if !view.text.contains("<summary>") => {
@@ -222,7 +229,7 @@ impl Index {
                 if let Some(command) = shell_command(name, args) {
                     let first = command.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
                     let outcome = outcomes.get(call.id.as_str()).cloned().unwrap_or_default();
-                    index.add(Kind::Command, one_line(first, COMMAND_CHARS), outcome);
+                    index.add(Kind::Command, cut(first, COMMAND_CHARS), outcome);
                 }
                 if files::modifies(name, args) {
                     let whole = !args.as_object().is_some_and(|m| {
@@ -256,7 +263,7 @@ impl Index {
         match self
             .entries
             .iter_mut()
-            .find(|e| e.kind == kind && e.name == name)
+            .find(|e| e.kind == kind && same_name(&e.name, &name))
         {
             Some(entry) => {
                 // A name repeated within one span (a config file rewritten, a URL quoted
@@ -267,7 +274,11 @@ impl Index {
                 ) {
                     entry.uses += 1;
                 }
+                let displaced = displaced_error(kind, &detail, &entry.detail);
                 entry.detail = merge_detail(kind, &detail, &entry.detail);
+                if let Some(line) = displaced {
+                    self.add(Kind::Error, line, String::new());
+                }
             }
             None => self.entries.push(Entry {
                 kind,
@@ -295,16 +306,41 @@ impl Index {
     /// as one use: an entry of the newest span ranks above an older one used as often.
     pub fn then(self, older: Index) -> Index {
         let mut merged: Vec<(Entry, bool)> = self.entries.into_iter().map(|e| (e, true)).collect();
+        let mut displaced: Vec<String> = Vec::new();
         for entry in older.entries {
             match merged
                 .iter_mut()
-                .find(|(e, _)| e.kind == entry.kind && e.name == entry.name)
+                .find(|(e, _)| e.kind == entry.kind && same_name(&e.name, &entry.name))
             {
                 Some((newer, _)) => {
+                    if let Some(line) = displaced_error(entry.kind, &newer.detail, &entry.detail) {
+                        displaced.push(line);
+                    }
                     newer.uses += entry.uses;
+                    // The whole name wins over a form carried cut.
+                    if entry.name.len() > newer.name.len() {
+                        newer.name = entry.name;
+                    }
                     newer.detail = merge_detail(entry.kind, &newer.detail, &entry.detail);
                 }
                 None => merged.push((entry, false)),
+            }
+        }
+        // An older run's failure a newer outcome replaced stays, as an error line of its own.
+        for line in displaced {
+            if !merged
+                .iter()
+                .any(|(e, _)| e.kind == Kind::Error && same_name(&e.name, &line))
+            {
+                merged.push((
+                    Entry {
+                        kind: Kind::Error,
+                        name: line,
+                        detail: String::new(),
+                        uses: 1,
+                    },
+                    false,
+                ));
             }
         }
         merged.sort_by_key(|(e, fresh)| std::cmp::Reverse(e.uses + u32::from(*fresh)));
@@ -318,12 +354,55 @@ impl Index {
     }
 
     /// The entries' lines that fit in `allowance` tokens besides `title_cost`, and the tokens
-    /// they take: all whole when they fit; else commands and outcomes cut, the longest first;
+    /// they take: all whole when they fit; else, commands that read the same once cut folded
+    /// into one ([`Index::folded`]), commands and outcomes cut, the longest first;
     /// else the least ranked commands, errors, URLs and versions left out; else the files'
     /// symbol lists cut to their newest few, the longest first; else the least ranked files
     /// left out. A file's symbols go last because a name costs a few tokens where a command
     /// costs tens, and the names are what later turns ask for most.
     pub fn fit(&self, encoding: Encoding, allowance: u64, title_cost: u64) -> (Vec<String>, u64) {
+        let cost = |line: &str| encoding.count(line) + 2;
+        let whole: Vec<String> = self
+            .entries
+            .iter()
+            .map(|e| e.line(COMMAND_CHARS, OUTCOME_CHARS, usize::MAX))
+            .collect();
+        let total = title_cost + whole.iter().map(|l| cost(l)).sum::<u64>();
+        if total <= allowance {
+            return (whole, total);
+        }
+        self.folded().fit_cut(encoding, allowance, title_cost)
+    }
+
+    /// The index with the commands and error lines that read the same once cut to their short
+    /// form made one entry: the first (best ranked) in its place, with the uses of all and its
+    /// own outcome. The same command run with other trailing arguments (another file to grep,
+    /// another `tail -n`) is then listed once, not as lines that say the same.
+    fn folded(&self) -> Index {
+        let mut entries: Vec<Entry> = Vec::with_capacity(self.entries.len());
+        for entry in &self.entries {
+            let mut entry = entry.clone();
+            entry.name = match entry.kind {
+                Kind::Command => cut(&entry.name, SHORT_COMMAND_CHARS),
+                Kind::Error => cut(&entry.name, SHORT_OUTCOME_CHARS),
+                _ => entry.name,
+            };
+            match entries
+                .iter_mut()
+                .find(|e| e.kind == entry.kind && e.name == entry.name)
+            {
+                Some(first) => {
+                    first.uses += entry.uses;
+                    first.detail = merge_detail(entry.kind, &first.detail, &entry.detail);
+                }
+                None => entries.push(entry),
+            }
+        }
+        Index { entries }
+    }
+
+    /// [`Index::fit`] past its first step.
+    fn fit_cut(&self, encoding: Encoding, allowance: u64, title_cost: u64) -> (Vec<String>, u64) {
         let cost = |line: &str| encoding.count(line) + 2;
         let mut kept: Vec<Option<(String, u64)>> = self
             .entries
@@ -368,6 +447,50 @@ impl Index {
     }
 }
 
+/// `text` on one line in at most `chars` characters and a mark: when it is longer, cut at the
+/// end of a word if one ends past the half (what ran and what failed are named first, and a
+/// word cut in two names nothing), else inside the word, and marked ` …`.
+fn cut(text: &str, chars: usize) -> String {
+    let line = one_line(text, usize::MAX);
+    // Already cut to as much (carried from an earlier summary): as it is.
+    let head = line.strip_suffix(" …").unwrap_or(&line);
+    if head.chars().count() <= chars {
+        return line;
+    }
+    let head: String = line.chars().take(chars).collect();
+    let head = match head.rfind(' ') {
+        Some(at) if at > chars / 2 => head[..at].trim_end(),
+        _ => head.as_str(),
+    };
+    format!("{head} …")
+}
+
+/// Whether two names are one: equal, or one a form cut (`… …`) of the other, as a command or
+/// an error line carried shortened from an earlier summary is the one run again.
+fn same_name(a: &str, b: &str) -> bool {
+    let head = |name: &str| name.strip_suffix(" …").map(str::to_string);
+    match (head(a), head(b)) {
+        (None, None) => a == b,
+        (Some(a), None) => b.starts_with(&a),
+        (None, Some(b)) => a.starts_with(&b),
+        (Some(a), Some(b)) => a.starts_with(&b) || b.starts_with(&a),
+    }
+}
+
+/// The failure line of a command's older outcome when a newer, different outcome replaces it:
+/// the error an earlier run met is still one the conversation saw.
+fn displaced_error(kind: Kind, newer: &str, older: &str) -> Option<String> {
+    if kind != Kind::Command || older.is_empty() || newer.is_empty() || same_name(newer, older) {
+        return None;
+    }
+    let line = match older.split_once(": ") {
+        Some((exit, line)) if EXIT_CODE.is_match(exit) => line,
+        _ if EXIT_CODE.is_match(older) => return None,
+        _ => older,
+    };
+    Some(line.to_string())
+}
+
 /// A detail of `kind` from a newer and an older one.
 fn merge_detail(kind: Kind, newer: &str, older: &str) -> String {
     match kind {
@@ -390,6 +513,51 @@ pub fn error_lines(output: &str) -> impl Iterator<Item = &str> {
     output
         .lines()
         .filter(|l| ERROR_LINE.is_match(l) && !NO_ERRORS.is_match(l))
+}
+
+/// Programs whose output is the content of files, as a file read's is.
+const PRINTERS: &[&str] = &[
+    "cat", "head", "tail", "grep", "egrep", "rg", "ag", "sed", "awk", "find", "ls", "wc", "nl",
+    "less", "bat",
+];
+/// `git` sub-commands that print files or history.
+const GIT_PRINTERS: &[&str] = &["diff", "show", "log", "grep", "blame"];
+/// A line of a numbered code frame (`216 │ …`, `12 | …`): quoted code, not a report.
+static CODE_FRAME: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^\s*\d+\s*[│|]").unwrap());
+
+/// The lines of a tool's output that report a failure of what ran ([`error_lines`], less the
+/// lines of code frames): when `command` only prints files (`grep`, `cat`, `git diff`, … after
+/// any `cd …&&`), what it printed is their content, and only its program's own complaints
+/// count (`grep: …`, `No such file or directory`).
+pub fn failure_lines<'a>(command: Option<&str>, output: &'a str) -> impl Iterator<Item = &'a str> {
+    let printer = command.and_then(printing_program);
+    error_lines(output).filter(move |line| {
+        !CODE_FRAME.is_match(line)
+            && printer.as_ref().is_none_or(|program| {
+                line.starts_with(&format!("{program}:"))
+                    || line.contains("No such file or directory")
+            })
+    })
+}
+
+/// The program of `command` when it only prints files: its first, after any `cd …&&` and
+/// variable assignments.
+fn printing_program(command: &str) -> Option<String> {
+    let first = command.lines().find(|l| !l.trim().is_empty())?;
+    let mut rest = first.trim();
+    while let Some((head, tail)) = rest.split_once("&&") {
+        if head.trim() != "cd" && !head.trim_start().starts_with("cd ") {
+            break;
+        }
+        rest = tail.trim();
+    }
+    let mut words = rest
+        .split_whitespace()
+        .skip_while(|w| w.contains('=') && !w.starts_with('-'));
+    let program = words.next()?.rsplit('/').next()?;
+    let prints = PRINTERS.contains(&program)
+        || (program == "git" && words.next().is_some_and(|w| GIT_PRINTERS.contains(&w)));
+    prints.then(|| program.to_string())
 }
 
 /// The shell command a tool call ran, if it ran one.
