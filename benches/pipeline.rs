@@ -154,6 +154,7 @@ fn identify_plan_rewrite(c: &mut Criterion) {
                 created_ms: 0,
                 model: request.settings.model.clone(),
                 ahead_of_time: false,
+                cleared: None,
             };
             let text = summary_text(&checkpoint.summary, &[], &[]);
             let how = Through {

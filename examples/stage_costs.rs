@@ -95,6 +95,7 @@ fn checkpoint_for(request: &ChatRequest, chain: &[identity::Hash], tenant: &str)
         created_ms: compactor::store::now_ms(),
         model: request.settings.model.clone(),
         ahead_of_time: false,
+        cleared: None,
     }
 }
 

@@ -18,8 +18,13 @@ warm: the conversation the proxy has just seen, one turn longer each request. Re
 one at a time on a kept-alive connection (http.client); direct and Compactor alternate per
 request, so both see the same moments of the machine. Prints a markdown table; --out writes it.
 
-usage: large_dialects.py --compactor target/release/compactor [--tokens 200000] [--cold 5]
-                         [--warm 20] [--out FILE]
+Several builds (`--compactor NAME=PATH`, repeated) are measured in one run, each request sent
+to each in an order rotating request by request; the proxy's own count of its time
+(`x-compactor-overhead-ms`) is reported beside the added latency. --dump writes each dialect's
+first warm body (for `examples/large_stages.rs`).
+
+usage: large_dialects.py --compactor [NAME=]BIN [--compactor NAME=BIN ...] [--tokens 200000]
+                         [--cold 5] [--warm 20] [--dump DIR] [--out FILE]
 """
 import argparse
 import json
@@ -131,7 +136,7 @@ def bodies(dialect, msgs, tools, item=None):
 
 
 def mint_item(port):
-    """A compaction item minted by this Compactor for a small Responses conversation."""
+    """A compaction item minted by the Compactor on `port` for a small Responses conversation."""
     trigger = [{"type": "message", "role": "user",
                 "content": [{"type": "input_text", "text": "hello " * 50}]},
                {"type": "compaction_trigger"}]
@@ -140,82 +145,140 @@ def mint_item(port):
     return next(i for i in json.loads(answer)["output"] if i.get("type") == "compaction")
 
 
+class Timed(Client):
+    """A kept-alive connection that also keeps the proxy's own count of its time
+    (`x-compactor-overhead-ms`: upstream and summaries excluded)."""
+
+    def post(self, path, data):
+        started = time.perf_counter()
+        self.conn.request("POST", path, body=data, headers={
+            "content-type": "application/json", "authorization": "Bearer sk-bench"})
+        response = self.conn.getresponse()
+        payload = response.read()
+        elapsed = time.perf_counter() - started
+        if response.status != 200:
+            sys.exit(f"{path}: {response.status} {payload[:300]!r}")
+        overhead = response.getheader("x-compactor-overhead-ms")
+        return elapsed, (float(overhead) / 1e3 if overhead else None)
+
+
+def start(binary, mock_port, tmp, name):
+    port = free_port()
+    cfg = os.path.join(tmp, f"{name}.toml")
+    with open(cfg, "w") as f:
+        f.write(f'store = "memory"\nanthropic_upstream = "http://127.0.0.1:{mock_port}"\n'
+                f'[windows]\n"{SUFFIX}" = 1048576\n'
+                f'[summarizer]\nupstream = "http://127.0.0.1:{mock_port}/v1"\n')
+    proc = subprocess.Popen([binary, "serve", "--listen", f"127.0.0.1:{port}", "--upstream",
+                             f"http://127.0.0.1:{mock_port}/v1", "--config", cfg],
+                            env=dict(os.environ, COMPACTOR_LOG="warn"), stdout=subprocess.DEVNULL,
+                            stderr=open(os.path.join(tmp, f"{name}.log"), "wb"))
+    return proc, port
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--compactor", required=True)
+    ap.add_argument("--compactor", required=True, action="append",
+                    help="a build; NAME=PATH names it (repeat to compare builds in one run)")
     ap.add_argument("--data", default=os.path.join(HERE, "..", "..", "..", "shared", "data", "conversations"))
     ap.add_argument("--tokens", type=int, default=200_000)
     ap.add_argument("--cold", type=int, default=5)
     ap.add_argument("--warm", type=int, default=20)
+    ap.add_argument("--dump", help="write each dialect's first warm body to this directory")
     ap.add_argument("--out")
     a = ap.parse_args()
+    builds = [c.split("=", 1) if "=" in c else (os.path.basename(c), c) for c in a.compactor]
 
     conv = conversation.prefix(a.data, a.tokens)
     if conv is None:
         sys.exit(f"no conversations in {a.data}")
     tmp = tempfile.mkdtemp(prefix="large-dialects-")
-    mock_port, port = free_port(), free_port()
-    cfg = os.path.join(tmp, "compactor.toml")
-    with open(cfg, "w") as f:
-        f.write(f'store = "memory"\nanthropic_upstream = "http://127.0.0.1:{mock_port}"\n'
-                f'[windows]\n"{SUFFIX}" = 1048576\n'
-                f'[summarizer]\nupstream = "http://127.0.0.1:{mock_port}/v1"\n')
+    mock_port = free_port()
     mock = subprocess.Popen([sys.executable, os.path.join(HERE, "slow_mock.py"), "--port", str(mock_port),
                              "--summary-delay", "0"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    proc = subprocess.Popen([a.compactor, "serve", "--listen", f"127.0.0.1:{port}", "--upstream",
-                             f"http://127.0.0.1:{mock_port}/v1", "--config", cfg],
-                            env=dict(os.environ, COMPACTOR_LOG="warn"),
-                            stdout=subprocess.DEVNULL, stderr=open(os.path.join(tmp, "compactor.log"), "wb"))
+    procs = []
     rows, load = [], [os.getloadavg()[0]]
     try:
         wait_listening(mock_port, mock, "the mock")
-        wait_listening(port, proc, "compactor")
-        item = mint_item(port)
-        direct, through = Client(mock_port), Client(port)
+        ports = []
+        for name, binary in builds:
+            proc, port = start(binary, mock_port, tmp, name)
+            procs.append(proc)
+            wait_listening(port, proc, name)
+            ports.append(port)
+        items = [mint_item(port) for port in ports]
+        direct = Timed(mock_port)
+        through = [Timed(port) for port in ports]
         msgs, tools = conv["messages"], conv["tools"]
         for dialect in ("chat", "responses", "responses+item", "messages"):
-            extra = item if dialect == "responses+item" else None
             run = f"{os.getpid()}-{dialect}"
-            cold = [bodies(dialect, conversation.with_nonce(msgs, f"{run}-c{i}") + conversation.turns(1),
-                           tools, extra) for i in range(a.cold)]
-            base = conversation.with_nonce(msgs, f"{run}-w")
-            warm = [bodies(dialect, base + conversation.turns(i + 1), tools, extra)
-                    for i in range(a.warm + 1)]
-            through.post(*warm[0])  # the proxy's first sight of the warm conversation
-            times = {"cold": ([], []), "warm": ([], [])}
-            for kind, sample in (("cold", cold), ("warm", warm[1:])):
-                for path, data in sample:
+            # per build: its own compaction item (each build seals its own)
+            per_build = []
+            for b, item in enumerate(items):
+                extra = item if dialect == "responses+item" else None
+                cold = [bodies(dialect, conversation.with_nonce(msgs, f"{run}-{b}-c{i}")
+                               + conversation.turns(1), tools, extra) for i in range(a.cold)]
+                base = conversation.with_nonce(msgs, f"{run}-w")
+                warm = [bodies(dialect, base + conversation.turns(i + 1), tools, extra)
+                        for i in range(a.warm + 1)]
+                through[b].post(*warm[0])  # the proxy's first sight of the warm conversation
+                per_build.append({"cold": cold, "warm": warm[1:]})
+            if a.dump:
+                os.makedirs(a.dump, exist_ok=True)
+                with open(os.path.join(a.dump, f"{dialect}.json"), "wb") as f:
+                    f.write(per_build[0]["warm"][0][1])
+            # times[kind] = (direct, [per build], [per build overhead header])
+            times = {k: ([], [[] for _ in builds], [[] for _ in builds]) for k in ("cold", "warm")}
+            for kind in ("cold", "warm"):
+                for i in range(len(per_build[0][kind])):
+                    # direct first, then the builds in an order rotating request by request
+                    path, data = per_build[0][kind][i]
                     times[kind][0].append(direct.post(path, data)[0])
-                    times[kind][1].append(through.post(path, data)[0])
-            rows.append((dialect, len(warm[1][1]), times))
+                    for k in range(len(builds)):
+                        b = (i + k) % len(builds)
+                        took, own = through[b].post(*per_build[b][kind][i])
+                        times[kind][1][b].append(took)
+                        times[kind][2][b].append(own)
+            rows.append((dialect, len(per_build[0]["warm"][0][1]), times))
             load.append(os.getloadavg()[0])
     finally:
-        for p in (proc, mock):
+        for p in procs + [mock]:
             p.terminate()
             p.wait(timeout=10)
 
     def ms(x):
         return f"{x * 1e3:.2f}"
 
+    def own(values):
+        values = [v for v in values if v is not None]
+        return ms(statistics.median(values)) if values else "–"
+
+    names = ", ".join(f"`{n}` = `{p}`" for n, p in builds)
     lines = [f"# A {conv['tokens']:,}-token conversation + one turn, in three dialects, "
              + time.strftime("%Y-%m-%d %H:%M"), "",
              f"- Machine: {os.cpu_count()} cores; load average (1 min) at start / end / highest: "
              f"{load[0]:.2f} / {load[-1]:.2f} / {max(load):.2f}",
              f"- Conversation: `{conv['source']}` cut to {len(conv['messages'])} messages, "
-             f"{conv['tokens']:,} tokens ({conv['counter']}); compaction item minted by the run's Compactor.",
+             f"{conv['tokens']:,} tokens ({conv['counter']}); compaction item minted by each build.",
              f"- Command: `scripts/bench/large_dialects.py {' '.join(sys.argv[1:])}`",
-             f"- Compactor: `{a.compactor}`, memory store, the models given a 1M window (measured and "
+             f"- Builds: {names}; memory store, the models given a 1M window (measured and "
              "forwarded, not compacted). Sequential requests on a kept-alive connection each, direct "
-             "and Compactor alternating request by request.", "",
-             "| dialect | body | cold: direct / Compactor p50 (ms), added | warm: direct / Compactor p50 (ms), added | warm added max (ms) |",
-             "|---|---|---|---|---|"]
+             "first, then the builds in rotating order, request by request.",
+             "- added = Compactor p50 − direct p50 (the mock called directly in the same round); "
+             "own = median of the proxy's `x-compactor-overhead-ms` (its time, upstream excluded).", "",
+             "| dialect | body | build | cold: direct / Compactor p50 (ms), added | cold own (ms) "
+             "| warm: direct / Compactor p50 (ms), added | warm own (ms) | warm added max (ms) |",
+             "|---|---|---|---|---|---|---|---|"]
     for dialect, size, t in rows:
-        cells = []
-        for kind in ("cold", "warm"):
-            d, c = statistics.median(t[kind][0]), statistics.median(t[kind][1])
-            cells.append(f"{ms(d)} / {ms(c)}, **{(c - d) * 1e3:+.2f}** ({len(t[kind][0])} samples)")
-        worst = max(c - d for d, c in zip(*t["warm"]))
-        lines.append(f"| `{dialect}` | {size / 1024:,.0f} KB | {cells[0]} | {cells[1]} | {worst * 1e3:+.2f} |")
+        for b, (name, _) in enumerate(builds):
+            cells = []
+            for kind in ("cold", "warm"):
+                d, c = statistics.median(t[kind][0]), statistics.median(t[kind][1][b])
+                cells.append(f"{ms(d)} / {ms(c)}, **{(c - d) * 1e3:+.2f}** ({len(t[kind][0])} samples)")
+                cells.append(own(t[kind][2][b]))
+            worst = max(c - d for d, c in zip(t["warm"][0], t["warm"][1][b]))
+            lines.append(f"| `{dialect}` | {size / 1024:,.0f} KB | {name} | " + " | ".join(cells)
+                         + f" | {worst * 1e3:+.2f} |")
     text = "\n".join(lines) + "\n"
     print(text)
     if a.out:

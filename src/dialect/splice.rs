@@ -5,6 +5,8 @@
 //! of the crate beyond the vocabulary.
 
 use indexmap::IndexMap;
+use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
@@ -24,6 +26,136 @@ pub fn top_level_fields(body: &[u8]) -> Result<Fields, RequestError> {
             Err(RequestError::NotObject)
         }
         Err(e) => Err(RequestError::from_json(e)),
+    }
+}
+
+/// A body's top-level fields with the conversation's field split into its elements in the same
+/// pass: the body is read once and each element copied out once, where reading the fields and
+/// then the field's value again would read the conversation twice. `fields` keeps a `null` in
+/// the field's place (its value is always written anew).
+#[derive(Debug)]
+pub struct Split {
+    pub fields: Fields,
+    /// The split field's value; `None` when the body has no such field.
+    pub elements: Option<Elements>,
+}
+
+/// What the split field holds.
+#[derive(Debug)]
+pub enum Elements {
+    /// An array: its elements' original bytes.
+    Array(Vec<Box<RawValue>>),
+    /// A string: its text.
+    Text(String),
+    /// Any other JSON value.
+    Other,
+}
+
+/// [`top_level_fields`], with the field `key` split into its elements ([`Split`]).
+pub fn split_fields(body: &[u8], key: &str) -> Result<Split, RequestError> {
+    let mut reader = serde_json::Deserializer::from_slice(body);
+    let read = SplitSeed(key)
+        .deserialize(&mut reader)
+        .and_then(|split| reader.end().map(|()| split));
+    match read {
+        Ok(split) => Ok(split),
+        Err(e) if e.is_data() => {
+            serde_json::from_slice::<serde::de::IgnoredAny>(body)
+                .map_err(RequestError::from_json)?;
+            Err(RequestError::NotObject)
+        }
+        Err(e) => Err(RequestError::from_json(e)),
+    }
+}
+
+struct SplitSeed<'k>(&'k str);
+
+impl<'de> DeserializeSeed<'de> for SplitSeed<'_> {
+    type Value = Split;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Split, D::Error> {
+        deserializer.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for SplitSeed<'_> {
+    type Value = Split;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Split, A::Error> {
+        let mut fields = Fields::new();
+        let mut elements = None;
+        while let Some(key) = map.next_key::<String>()? {
+            if key == self.0 {
+                // A repeated key keeps its first place and its last value, as an object read
+                // into a map does.
+                elements = Some(map.next_value::<Elements>()?);
+                fields.insert(key, RawValue::NULL.to_owned());
+            } else {
+                fields.insert(key, map.next_value::<Box<RawValue>>()?);
+            }
+        }
+        Ok(Split { fields, elements })
+    }
+}
+
+impl<'de> Deserialize<'de> for Elements {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(ElementsVisitor)
+    }
+}
+
+struct ElementsVisitor;
+
+impl<'de> Visitor<'de> for ElementsVisitor {
+    type Value = Elements;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Elements, A::Error> {
+        let mut list = Vec::with_capacity(seq.size_hint().unwrap_or(16));
+        while let Some(element) = seq.next_element::<Box<RawValue>>()? {
+            list.push(element);
+        }
+        Ok(Elements::Array(list))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Elements, A::Error> {
+        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        Ok(Elements::Other)
+    }
+
+    fn visit_str<E>(self, text: &str) -> Result<Elements, E> {
+        Ok(Elements::Text(text.to_string()))
+    }
+
+    fn visit_string<E>(self, text: String) -> Result<Elements, E> {
+        Ok(Elements::Text(text))
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Elements, E> {
+        Ok(Elements::Other)
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<Elements, E> {
+        Ok(Elements::Other)
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<Elements, E> {
+        Ok(Elements::Other)
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<Elements, E> {
+        Ok(Elements::Other)
+    }
+
+    fn visit_unit<E>(self) -> Result<Elements, E> {
+        Ok(Elements::Other)
     }
 }
 

@@ -15,6 +15,7 @@
 pub mod compaction;
 pub mod edits;
 pub mod parse;
+pub mod read;
 pub mod wire;
 
 use serde_json::value::RawValue;
@@ -90,7 +91,12 @@ impl Dialect for Messages {
             Some("context_length_exceeded") => too_long(&error.message),
             _ => error.message.clone(),
         };
-        wire::error_body(wire::error_kind(error.status), &message)
+        let mut body = wire::error_body(wire::error_kind(error.status), &message);
+        if let Some(code) = error.code.filter(|c| compaction::refusal::ALL.contains(c)) {
+            // Where the SDK reads the cause, and picks its error class by.
+            body["error"]["details"] = serde_json::json!({"error_code": code});
+        }
+        body
     }
 
     fn summary_path(&self) -> &'static str {
@@ -190,7 +196,7 @@ impl WireRequest for MessagesRequest {
     /// The text of the blocks, and their media (images and documents, in tool results too) as
     /// Anthropic bills them.
     fn tokens(&self, encoding: Encoding, index: usize) -> u64 {
-        let blocks = &self.messages[index].blocks;
+        let blocks = self.messages[index].blocks();
         let text: String = blocks.iter().map(block_text).collect::<Vec<_>>().join("\n");
         let media: u64 = media_of(blocks)
             .iter()
@@ -200,7 +206,7 @@ impl WireRequest for MessagesRequest {
     }
 
     fn media_cost(&self, index: usize) -> MediaCost {
-        MediaCost::of(&media_of(&self.messages[index].blocks))
+        MediaCost::of(&media_of(self.messages[index].blocks()))
     }
 
     fn media_rules_apply(&self) -> bool {
@@ -257,6 +263,12 @@ impl WireRequest for MessagesRequest {
         edits::apply(self, clearing)
     }
 
+    fn cleared_copy(&self, clearing: &Clearing) -> Option<Box<dyn WireRequest>> {
+        let mut copy = self.clone();
+        copy.apply_clearing(clearing);
+        Some(Box::new(copy))
+    }
+
     fn original_body(&self) -> Vec<u8> {
         // Messages streams always report usage (in `message_start`): nothing to ask for.
         self.to_body(self.messages.iter().map(|m| &*m.raw))
@@ -279,7 +291,7 @@ impl WireRequest for MessagesRequest {
                 (
                     t.index,
                     truncate_blocks(
-                        &self.messages[t.index].blocks,
+                        self.messages[t.index].blocks(),
                         &self.messages[t.index].raw,
                         tokens,
                         t.keep_tokens,
@@ -338,7 +350,7 @@ fn merge_summary(message: &RawValue, text: &str) -> Box<RawValue> {
 fn view_of(message: &parse::Message) -> MessageView {
     let mut view = MessageView::default();
     let mut texts = Vec::new();
-    for block in &message.blocks {
+    for block in message.blocks() {
         let str_of = |field: &str| block.get(field).and_then(Value::as_str).unwrap_or("");
         match block.get("type").and_then(Value::as_str).unwrap_or("") {
             "tool_use" | "server_tool_use" | "mcp_tool_use" => view.tool_calls.push(ToolCall {
@@ -356,7 +368,7 @@ fn view_of(message: &parse::Message) -> MessageView {
         }
     }
     view.text = texts.join("\n");
-    view.media = media_of(&message.blocks);
+    view.media = media_of(message.blocks());
     view
 }
 

@@ -2,10 +2,14 @@
 //! ones survive untouched), each message's original bytes, and what compaction reads from them.
 //! Everything a client can get wrong is found here and reported as a [`RequestError`].
 
+use std::sync::OnceLock;
+
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use crate::dialect::splice::{self, Fields};
+use super::read::{self, BlockHead, ContentField, RoleField};
+
+use crate::dialect::splice::{self, Elements, Fields};
 use crate::dialect::{CallSettings, RequestError};
 
 /// Content block types the Messages API accepts in a request. Anything else is refused: a block
@@ -41,16 +45,30 @@ pub enum Author {
     System,
 }
 
-/// One message: original bytes and what compaction needs from it.
+/// One message: original bytes, its role, and what compaction needs from its blocks. Each
+/// block's type and ids are read when the request arrives; the blocks themselves on first use
+/// ([`Message::blocks`]): a message seen before is counted from the cache and never built.
 #[derive(Debug, Clone)]
 pub struct Message {
     pub raw: Box<RawValue>,
     pub role: Author,
-    /// The content as blocks (a string is one text block).
-    pub blocks: Vec<Value>,
+    heads: Vec<BlockHead>,
+    /// The content as blocks (a string is one text block), built on first use.
+    blocks: OnceLock<Vec<Value>>,
 }
 
 impl Message {
+    /// The content as blocks (a string is one text block).
+    pub fn blocks(&self) -> &[Value] {
+        self.blocks.get_or_init(|| blocks_of_raw(&self.raw))
+    }
+
+    /// Replaces the blocks (the bytes are the caller's to rewrite).
+    pub fn set_blocks(&mut self, blocks: Vec<Value>) {
+        self.heads = blocks.iter().map(BlockHead::of).collect();
+        self.blocks = OnceLock::from(blocks);
+    }
+
     /// A user message that carries tool results: it belongs to the assistant step before it.
     pub fn has_tool_results(&self) -> bool {
         self.block_types().any(|t| t == "tool_result")
@@ -67,22 +85,37 @@ impl Message {
     }
 
     pub fn tool_use_ids(&self) -> impl Iterator<Item = &str> {
-        self.blocks_of("tool_use")
-            .chain(self.blocks_of("server_tool_use"))
-            .chain(self.blocks_of("mcp_tool_use"))
-            .filter_map(|b| b.get("id").and_then(Value::as_str))
+        self.heads_of("tool_use")
+            .chain(self.heads_of("server_tool_use"))
+            .chain(self.heads_of("mcp_tool_use"))
+            .filter_map(|b| b.id.as_deref())
+    }
+
+    /// Whether the message holds a block of type `kind`.
+    pub fn has_block(&self, kind: &str) -> bool {
+        self.block_types().any(|t| t == kind)
     }
 
     fn block_types(&self) -> impl Iterator<Item = &str> {
-        self.blocks
-            .iter()
-            .filter_map(|b| b.get("type").and_then(Value::as_str))
+        self.heads.iter().filter_map(BlockHead::object_kind)
     }
 
-    fn blocks_of<'a>(&'a self, kind: &'a str) -> impl Iterator<Item = &'a Value> {
-        self.blocks
+    fn heads_of<'a>(&'a self, kind: &'a str) -> impl Iterator<Item = &'a BlockHead> {
+        self.heads
             .iter()
-            .filter(move |b| b.get("type").and_then(Value::as_str) == Some(kind))
+            .filter(move |b| b.object_kind() == Some(kind))
+    }
+}
+
+/// The blocks of a message already checked by [`parse_message`].
+fn blocks_of_raw(raw: &RawValue) -> Vec<Value> {
+    let Ok(Value::Object(mut object)) = serde_json::from_str::<Value>(raw.get()) else {
+        return vec![];
+    };
+    match object.remove("content") {
+        Some(Value::String(text)) => vec![text_block(&text)],
+        Some(Value::Array(blocks)) => blocks,
+        _ => vec![],
     }
 }
 
@@ -101,7 +134,8 @@ pub struct MessagesRequest {
 
 impl MessagesRequest {
     pub fn parse(body: &[u8]) -> Result<MessagesRequest, RequestError> {
-        let mut fields = splice::top_level_fields(body)?;
+        // One pass splits the messages out of the body; each is then read once.
+        let splice::Split { fields, elements } = splice::split_fields(body, "messages")?;
         let model = splice::required_model(&fields)?;
         let max_tokens =
             match fields.get("max_tokens") {
@@ -113,17 +147,14 @@ impl MessagesRequest {
                     }
                 })?),
             };
-        let raw_messages = match fields.get_mut("messages") {
+        let raw_messages = match elements {
             None => return Err(RequestError::Missing("messages")),
-            Some(raw) => {
-                let list = serde_json::from_str::<Vec<Box<RawValue>>>(raw.get()).map_err(|_| {
-                    RequestError::Type {
-                        field: "messages",
-                        expected: "an array of messages",
-                    }
-                })?;
-                *raw = RawValue::NULL.to_owned();
-                list
+            Some(Elements::Array(list)) => list,
+            Some(_) => {
+                return Err(RequestError::Type {
+                    field: "messages",
+                    expected: "an array of messages",
+                })
             }
         };
         let messages = raw_messages
@@ -184,38 +215,41 @@ impl MessagesRequest {
 }
 
 fn parse_message(raw: Box<RawValue>) -> Result<Message, String> {
-    let value: Value = serde_json::from_str(raw.get()).map_err(|e| e.to_string())?;
-    let Value::Object(object) = value else {
+    let head = read::message_head(raw.get())?;
+    if !head.object {
         return Err("expected an object".into());
-    };
-    let role = match object.get("role").and_then(Value::as_str) {
-        Some("user") => Author::User,
-        Some("assistant") => Author::Assistant,
-        Some("system") => Author::System,
-        Some(other) => {
+    }
+    let role = match &head.role {
+        RoleField::Is(role) if role == "user" => Author::User,
+        RoleField::Is(role) if role == "assistant" => Author::Assistant,
+        RoleField::Is(role) if role == "system" => Author::System,
+        RoleField::Is(other) => {
             return Err(format!(
                 "unknown role `{other}`: expected user or assistant"
             ))
         }
-        None => return Err("role: field required (a string)".into()),
+        RoleField::Missing | RoleField::NotString => {
+            return Err("role: field required (a string)".into())
+        }
     };
-    let blocks = match object.get("content") {
-        Some(Value::String(text)) => vec![text_block(text)],
-        Some(Value::Array(blocks)) => blocks.clone(),
-        Some(_) => return Err("content: expected a string or an array of blocks".into()),
-        None => return Err("content: field required".into()),
+    let heads = match head.content {
+        ContentField::Text => vec![BlockHead::text()],
+        ContentField::Blocks(heads) => heads,
+        ContentField::Other => {
+            return Err("content: expected a string or an array of blocks".into())
+        }
+        ContentField::Missing => return Err("content: field required".into()),
     };
-    for (i, block) in blocks.iter().enumerate() {
+    for (i, block) in heads.iter().enumerate() {
         let kind = block
-            .get("type")
-            .and_then(Value::as_str)
+            .object_kind()
             .ok_or_else(|| format!("content.{i}: expected a block object with a string `type`"))?;
         if !KNOWN_BLOCKS.contains(&kind) {
             return Err(format!("content.{i}: unknown content block type `{kind}`"));
         }
-        let needs_string = |field: &str| match block.get(field) {
-            Some(Value::String(_)) => Ok(()),
-            _ => Err(format!("content.{i}.{field}: expected a string")),
+        let needs_string = |field: &str| match block.has_string(field) {
+            true => Ok(()),
+            false => Err(format!("content.{i}.{field}: expected a string")),
         };
         match kind {
             "text" => needs_string("text")?,
@@ -228,7 +262,12 @@ fn parse_message(raw: Box<RawValue>) -> Result<Message, String> {
             _ => {}
         }
     }
-    Ok(Message { raw, role, blocks })
+    Ok(Message {
+        raw,
+        role,
+        heads,
+        blocks: OnceLock::new(),
+    })
 }
 
 fn text_block(text: &str) -> Value {
@@ -242,8 +281,8 @@ fn text_block(text: &str) -> Value {
 fn check_pairs(messages: &[Message]) -> Result<(), RequestError> {
     for (index, message) in messages.iter().enumerate() {
         let results = message
-            .blocks_of("tool_result")
-            .filter_map(|b| b.get("tool_use_id").and_then(Value::as_str));
+            .heads_of("tool_result")
+            .filter_map(|b| b.tool_use_id.as_deref());
         let previous = index
             .checked_sub(1)
             .map(|i| &messages[i])
@@ -271,7 +310,7 @@ pub fn canonical(message: &Message) -> Value {
         Author::Assistant => "assistant",
         Author::System => "system",
     };
-    let blocks = message.blocks.iter().map(without_cache_control).collect();
+    let blocks = message.blocks().iter().map(without_cache_control).collect();
     let mut object = Map::new();
     object.insert("role".into(), Value::String(role.into()));
     object.insert("content".into(), Value::Array(blocks));

@@ -189,6 +189,22 @@ fn errors_are_in_anthropics_shape() {
         Messages.error_body(&error(404, None, "x"))["error"]["type"],
         "not_found_error"
     );
+    assert!(too_long["error"].get("details").is_none());
+    let refused = Messages.error_body(&error(
+        400,
+        Some("compaction_signature_invalid"),
+        "the compaction block's signature is invalid",
+    ));
+    assert_eq!(
+        refused["error"]["details"],
+        serde_json::json!({"error_code": "compaction_signature_invalid"})
+    );
+    let unavailable = Messages.error_body(&error(529, Some("compaction_unavailable"), "x"));
+    assert_eq!(unavailable["error"]["type"], "overloaded_error");
+    assert_eq!(
+        unavailable["error"]["details"]["error_code"],
+        "compaction_unavailable"
+    );
 }
 
 #[test]

@@ -106,7 +106,7 @@ pub fn transcript_entry(message: &Message, call_name: &dyn Fn(&str) -> Option<St
         Author::System => "system",
     };
     let mut entry = String::new();
-    for block in &message.blocks {
+    for block in message.blocks() {
         let kind = block.get("type").and_then(Value::as_str).unwrap_or("");
         let str_of = |field: &str| block.get(field).and_then(Value::as_str).unwrap_or("");
         match kind {

@@ -152,6 +152,12 @@ impl WireRequest for ChatRequest {
         edits::apply(&mut self.messages, clearing)
     }
 
+    fn cleared_copy(&self, clearing: &Clearing) -> Option<Box<dyn WireRequest>> {
+        let mut copy = self.clone();
+        copy.apply_clearing(clearing);
+        Some(Box::new(copy))
+    }
+
     fn canonical(&self, index: usize) -> Hash {
         identity::canonical_hash(&self.messages[index].raw)
     }

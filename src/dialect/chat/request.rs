@@ -48,123 +48,22 @@ struct RawRole<'a> {
     role: Option<&'a RawValue>,
 }
 
-/// The body's top level: `messages` split into its elements, every other field kept raw (with
-/// a placeholder marking where `messages` stood).
-struct TopLevel {
-    fields: splice::Fields,
-    messages: Option<Messages>,
-}
-
-enum Messages {
-    Array(Vec<Box<RawValue>>),
-    NotArray,
-}
-
-impl<'de> Deserialize<'de> for TopLevel {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct TopVisitor;
-        impl<'de> serde::de::Visitor<'de> for TopVisitor {
-            type Value = TopLevel;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a JSON object")
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                mut map: A,
-            ) -> Result<TopLevel, A::Error> {
-                let mut fields = splice::Fields::new();
-                let mut messages = None;
-                while let Some(key) = map.next_key::<String>()? {
-                    if key == "messages" {
-                        messages = Some(map.next_value::<Messages>()?);
-                        fields.insert(key, RawValue::NULL.to_owned());
-                    } else {
-                        fields.insert(key, map.next_value::<Box<RawValue>>()?);
-                    }
-                }
-                Ok(TopLevel { fields, messages })
-            }
-        }
-        deserializer.deserialize_map(TopVisitor)
-    }
-}
-
-impl<'de> Deserialize<'de> for Messages {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct MessagesVisitor;
-        impl<'de> serde::de::Visitor<'de> for MessagesVisitor {
-            type Value = Messages;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("any JSON value")
-            }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(
-                self,
-                mut seq: A,
-            ) -> Result<Messages, A::Error> {
-                let mut list = Vec::with_capacity(seq.size_hint().unwrap_or(16));
-                while let Some(message) = seq.next_element::<Box<RawValue>>()? {
-                    list.push(message);
-                }
-                Ok(Messages::Array(list))
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                mut map: A,
-            ) -> Result<Messages, A::Error> {
-                while map
-                    .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
-                    .is_some()
-                {}
-                Ok(Messages::NotArray)
-            }
-            fn visit_bool<E>(self, _: bool) -> Result<Messages, E> {
-                Ok(Messages::NotArray)
-            }
-            fn visit_i64<E>(self, _: i64) -> Result<Messages, E> {
-                Ok(Messages::NotArray)
-            }
-            fn visit_u64<E>(self, _: u64) -> Result<Messages, E> {
-                Ok(Messages::NotArray)
-            }
-            fn visit_f64<E>(self, _: f64) -> Result<Messages, E> {
-                Ok(Messages::NotArray)
-            }
-            fn visit_str<E>(self, _: &str) -> Result<Messages, E> {
-                Ok(Messages::NotArray)
-            }
-            fn visit_unit<E>(self) -> Result<Messages, E> {
-                Ok(Messages::NotArray)
-            }
-        }
-        deserializer.deserialize_any(MessagesVisitor)
-    }
-}
-
 impl ChatRequest {
     pub fn parse(body: &[u8]) -> Result<ChatRequest, RequestError> {
         // One pass over the body: each message is copied out once, everything else is kept as
         // raw JSON. Syntax errors are reported with their line and column even for bodies that
         // are not objects.
-        let top: TopLevel = match serde_json::from_slice(body) {
-            Ok(top) => top,
-            Err(e) if e.is_data() => {
-                serde_json::from_slice::<serde::de::IgnoredAny>(body)
-                    .map_err(RequestError::from_json)?;
-                return Err(RequestError::NotObject);
-            }
-            Err(e) => return Err(RequestError::from_json(e)),
-        };
-        let fields = top.fields;
+        let splice::Split { fields, elements } = splice::split_fields(body, "messages")?;
         let model = splice::required_model(&fields)?;
-        let raw_messages = match top.messages {
+        let raw_messages = match elements {
             None => return Err(RequestError::Missing("messages")),
-            Some(Messages::NotArray) => {
+            Some(splice::Elements::Array(list)) => list,
+            Some(_) => {
                 return Err(RequestError::Type {
                     field: "messages",
                     expected: "an array",
                 })
             }
-            Some(Messages::Array(list)) => list,
         };
         let messages = raw_messages
             .into_iter()

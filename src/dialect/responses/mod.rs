@@ -14,6 +14,7 @@
 
 pub mod answers;
 pub mod context;
+pub mod edits;
 pub mod items;
 pub mod request;
 pub mod sealed;

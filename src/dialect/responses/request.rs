@@ -12,7 +12,8 @@ use crate::dialect::text::{
     cut_middle, cut_texts, part_texts, Arguments, TRANSCRIPT_MESSAGE_CHARS, TRANSCRIPT_RESULT_CHARS,
 };
 use crate::dialect::{
-    CallSettings, MessageView, RequestError, Role, Through, ToolCall, WireRequest,
+    CallSettings, Clearable, Clearing, MessageView, RequestError, Role, Through, ToolCall,
+    WireRequest,
 };
 use crate::identity::{self, Hash};
 use crate::tokenizer::{Encoding, TOKENS_FOR_TOOLS};
@@ -21,7 +22,7 @@ use crate::tokenizer::{Encoding, TOKENS_FOR_TOOLS};
 const TOKENS_PER_ITEM: u64 = 4;
 
 /// A Responses request as the proxy reads it.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct ResponsesRequest {
     /// Top-level fields in arrival order, values untouched.
     pub(super) fields: Fields,
@@ -34,16 +35,22 @@ pub struct ResponsesRequest {
 
 impl ResponsesRequest {
     pub fn parse(body: &[u8]) -> Result<ResponsesRequest, RequestError> {
-        let fields = splice::top_level_fields(body)?;
+        // One pass splits the items out of the body; each is then read once.
+        let splice::Split { fields, elements } = splice::split_fields(body, "input")?;
         let model = splice::required_model(&fields)?;
-        let input = fields.get("input").ok_or(RequestError::Missing("input"))?;
-        let raw_items: Vec<Box<RawValue>> = match serde_json::from_str::<String>(input.get()) {
+        let raw_items: Vec<Box<RawValue>> = match elements {
+            None => return Err(RequestError::Missing("input")),
             // A string input is one user message.
-            Ok(text) => vec![to_raw(&json!({"role": "user", "content": text}))],
-            Err(_) => serde_json::from_str(input.get()).map_err(|_| RequestError::Type {
-                field: "input",
-                expected: "a string or an array of items",
-            })?,
+            Some(splice::Elements::Text(text)) => {
+                vec![to_raw(&json!({"role": "user", "content": text}))]
+            }
+            Some(splice::Elements::Array(items)) => items,
+            Some(splice::Elements::Other) => {
+                return Err(RequestError::Type {
+                    field: "input",
+                    expected: "a string or an array of items",
+                })
+            }
         };
         let items = raw_items
             .into_iter()
@@ -242,6 +249,24 @@ impl WireRequest for ResponsesRequest {
 
     fn len(&self) -> usize {
         self.items.len()
+    }
+
+    fn clearable(&self, encoding: Encoding, index: usize) -> Clearable {
+        super::edits::clearable(&self.items[index], encoding)
+    }
+
+    fn apply_clearing(&mut self, clearing: &Clearing) {
+        let replacements = super::edits::replacements(&self.items, clearing);
+        if !replacements.is_empty() {
+            // Each replacement is the item it replaces with one string changed: it parses.
+            let _ = self.replace_items(replacements);
+        }
+    }
+
+    fn cleared_copy(&self, clearing: &Clearing) -> Option<Box<dyn WireRequest>> {
+        let mut copy = self.clone();
+        copy.apply_clearing(clearing);
+        Some(Box::new(copy))
     }
 
     fn role(&self, index: usize) -> Role {
