@@ -94,6 +94,7 @@ fn checkpoint(
         created_ms: 0,
         model: "m".into(),
         ahead_of_time: false,
+        cleared: None,
     }
 }
 

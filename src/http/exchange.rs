@@ -1,11 +1,14 @@
 //! The compacting path, the same for every dialect, as one value per request: an [`Exchange`]
-//! reads and parses the body, lets the engine prepare what goes upstream, sends it, and when the
+//! reads and parses the body ([`parse`]), lets the engine prepare what goes upstream, sends it, and when the
 //! provider says the window is full (as an error status, or at the start of a stream that failed
 //! before any output) has the engine compact harder and sends once more. One closing phase
-//! ([`Exchange::close`]) writes the `x-compactor-*` headers, the request's log line and its
+//! ([`closing`]) writes the `x-compactor-*` headers, the request's log line and its
 //! count, and watches the answer's `usage` for calibration and for the request's span, which
 //! ends with the answer ([`spans`]). Errors the proxy makes itself are written in the dialect's
 //! own shape.
+
+mod closing;
+mod parse;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,24 +20,17 @@ use futures::{StreamExt, TryStreamExt};
 use http::{HeaderMap, Method};
 
 use super::app::App;
-use super::client_compaction::{self, Intercepted};
 use super::context_edits;
-use super::conversations;
 use super::error::ApiError;
 use super::headers::{
-    credential_headers, forwarded_headers, instructions, mode, outcome_headers,
-    refuse_encoded_body, set,
+    credential_headers, forwarded_headers, instructions, mode, refuse_encoded_body, set,
 };
-use super::limits::{check_model_name, BodyBudget};
-use super::log::Escaped;
-use super::messages_compaction;
-use super::probe::{is_sse, probe, Probe};
+use super::limits::BodyBudget;
+use super::probe::{probe, Probe};
 use super::spans;
-use super::stream;
 use super::tenant::Tenant;
-use super::threshold_compaction::{self, AtThreshold};
+use super::threshold_compaction::{AtThreshold, FirstInAnswer};
 use crate::compaction::{Mode, Outcome, RequestContext};
-use crate::dialect::responses::request::ResponsesRequest;
 use crate::dialect::{AppliedEdit, Dialect, Overflow, WireRequest};
 use crate::metrics::Route;
 use crate::telemetry::Span;
@@ -105,8 +101,8 @@ struct Served {
     call: Span,
     /// What the context edits Compactor served cleared, reported in the answer.
     applied_edits: Option<Vec<AppliedEdit>>,
-    /// The compaction item made at the request's `compact_threshold`, first in the answer.
-    compaction_item: Option<serde_json::Value>,
+    /// What a compaction made at the request's threshold puts first in the answer.
+    first_in_answer: Option<FirstInAnswer>,
 }
 
 /// How an exchange ends.
@@ -193,12 +189,6 @@ impl<'a> Exchange<'a> {
         };
         spans::model_asked(&mut self.span, request.model());
         let applied_edits = self.clear_context(request.as_mut())?;
-        if applied_edits.is_none() {
-            self.app
-                .engine
-                .clear_first(request.as_mut(), mode, &self.tenant.seed)
-                .await;
-        }
         let asked_usage = self.app.calibrate_streams && request.ask_for_usage();
         let request: Arc<dyn WireRequest> = Arc::from(request);
         let context = RequestContext {
@@ -206,6 +196,7 @@ impl<'a> Exchange<'a> {
             credentials: credential_headers(self.headers),
             mode,
             instructions,
+            edits_served: applied_edits.is_some(),
         };
         let engine = &self.app.engine;
         let (prepared, identified) = engine
@@ -216,8 +207,8 @@ impl<'a> Exchange<'a> {
         if let Some(report) = &outcome.summary {
             spans::summary(&self.span, report);
         }
-        let compaction_item = match at_threshold {
-            AtThreshold::Compacted(item) => Some(item),
+        let first_in_answer = match at_threshold {
+            AtThreshold::Compacted(first) => Some(first),
             AtThreshold::Failed => {
                 outcome.status = Some(crate::compaction::Status::Failed {
                     reason: "compact-threshold".into(),
@@ -271,7 +262,7 @@ impl<'a> Exchange<'a> {
             expanded,
             call,
             applied_edits,
-            compaction_item,
+            first_in_answer,
         })))
     }
 
@@ -311,17 +302,12 @@ impl<'a> Exchange<'a> {
             Parsed::ServerState(bytes) => return self.forward(bytes).await,
         };
         let applied_edits = self.clear_context(request.as_mut())?;
-        if applied_edits.is_none() {
-            // Counted as it would be sent: cleared as the request itself would be.
-            self.app
-                .engine
-                .clear_first(request.as_mut(), Mode::Auto, &self.tenant.seed)
-                .await;
-        }
         let request: Arc<dyn WireRequest> = Arc::from(request);
+        // Counted as it would be sent: through its checkpoint, a stored clearing included.
         let context = RequestContext {
             tenant: self.tenant.seed,
             credentials: credential_headers(self.headers),
+            edits_served: applied_edits.is_some(),
             ..RequestContext::default()
         };
         let rewritten = self.app.engine.through_checkpoint(&context, &request).await;
@@ -345,116 +331,6 @@ impl<'a> Exchange<'a> {
         self.budget = Some(budget);
         self.sent = bytes.clone();
         Ok(bytes)
-    }
-
-    /// Parses the body once in the target's dialect. Where the target emulates client
-    /// compaction, the compaction items Compactor minted are expanded in the parsed request
-    /// and, with `answer_trigger`, an input ending in a compaction trigger is answered. A model
-    /// name beyond its bound is refused here, before the request is counted or forwarded.
-    async fn parse(&self, bytes: Bytes, answer_trigger: bool) -> Result<Parsed, ApiError> {
-        if self.target.context_edits {
-            let read = messages_compaction::read(
-                self.app,
-                self.tenant,
-                self.headers,
-                &bytes,
-                answer_trigger,
-            )
-            .await?;
-            return Ok(match read {
-                messages_compaction::Read::Request(request, expanded) => {
-                    Parsed::Request(Box::new(request), expanded, AtThreshold::Under)
-                }
-                messages_compaction::Read::Answered(response) => Parsed::Answered(response),
-            });
-        }
-        if !self.target.client_compaction {
-            let parsed = self.target.dialect.parse(&bytes);
-            return Ok(
-                match self.server_state(parsed, |r| r.uses_server_state(), &bytes)? {
-                    Ok(request) => {
-                        check_model_name(request.model())?;
-                        Parsed::Request(request, None, AtThreshold::Under)
-                    }
-                    Err(bytes) => Parsed::ServerState(bytes),
-                },
-            );
-        }
-        let mut request = match ResponsesRequest::parse(&bytes) {
-            Ok(request) => request,
-            Err(e) => {
-                let holds = self.target.holds_server_state;
-                if holds.is_some_and(|holds| holds(&bytes))
-                    && !client_compaction::carries_minted_item(&bytes)
-                {
-                    return Ok(Parsed::ServerState(bytes));
-                }
-                return Err(e.into());
-            }
-        };
-        if request.uses_server_state() {
-            // Forwarded as it came, except for the items Compactor minted: those are expanded,
-            // never sent to the provider.
-            if client_compaction::expand(self.app, self.tenant, &mut request)
-                .await?
-                .is_some()
-            {
-                return Ok(Parsed::ServerState(Bytes::from(request.original_body())));
-            }
-            return Ok(Parsed::ServerState(bytes));
-        }
-        check_model_name(request.model())?;
-        let last_minted = request.minted_compactions().last().map(|(index, _)| *index);
-        let intercepted = client_compaction::intercept(self.app, self.tenant, request).await?;
-        Ok(match intercepted {
-            Intercepted::Trigger(request) if answer_trigger => Parsed::Answered(
-                client_compaction::answer_trigger(self.app, self.tenant, self.headers, request)
-                    .await?,
-            ),
-            Intercepted::Trigger(mut request) => {
-                request.remove_context_management();
-                Parsed::Request(Box::new(request), None, AtThreshold::Under)
-            }
-            Intercepted::Forward(mut request, expanded) if answer_trigger => {
-                let at_threshold = threshold_compaction::serve(
-                    self.app,
-                    self.tenant,
-                    self.headers,
-                    &mut request,
-                    last_minted,
-                )
-                .await?;
-                Parsed::Request(Box::new(request), expanded, at_threshold)
-            }
-            Intercepted::Forward(mut request, expanded) => {
-                request.compact_threshold()?;
-                request.remove_context_management();
-                Parsed::Request(Box::new(request), expanded, AtThreshold::Under)
-            }
-        })
-    }
-
-    /// A parsed request, or the body back (`Err`) when it relies on history the provider holds;
-    /// a body that does not parse is still forwarded if the target can tell it does.
-    fn server_state<R>(
-        &self,
-        parsed: Result<R, crate::dialect::RequestError>,
-        uses_server_state: impl Fn(&R) -> bool,
-        bytes: &Bytes,
-    ) -> Result<Result<R, Bytes>, ApiError> {
-        match parsed {
-            Ok(request) if uses_server_state(&request) => Ok(Err(bytes.clone())),
-            Ok(request) => Ok(Ok(request)),
-            Err(_)
-                if self
-                    .target
-                    .holds_server_state
-                    .is_some_and(|holds| holds(bytes)) =>
-            {
-                Ok(Err(bytes.clone()))
-            }
-            Err(e) => Err(e.into()),
-        }
     }
 
     /// A request the proxy cannot compact, sent as it came and marked so.
@@ -533,147 +409,6 @@ impl<'a> Exchange<'a> {
         };
         self.upstream_time += sent.elapsed();
         Ok((response?, probe?, call))
-    }
-
-    /// The closing phase: what the client gets, the request's log line and its count.
-    fn close(mut self, ending: Ending) -> Response {
-        let mut span = std::mem::take(&mut self.span);
-        let response = match ending {
-            Ending::Served(served) => self.respond(*served, span),
-            Ending::Answered(response) => {
-                spans::status(&mut span, response.status().as_u16());
-                spans::open_until_sent(response, vec![span])
-            }
-            Ending::Refused(e) => {
-                spans::status(&mut span, e.status().as_u16());
-                drop(span);
-                tracing::info!(
-                    method = "POST",
-                    path = self.target.path,
-                    status = e.status().as_u16(),
-                    error = %Escaped(&e),
-                    "Refused a {} request.",
-                    self.target.dialect.name()
-                );
-                e.into_response_in(self.target.dialect)
-            }
-        };
-        self.app.count_request(self.target.route, &response);
-        response
-    }
-
-    /// The provider's answer with the `x-compactor-*` headers, logged, its `usage` watched;
-    /// `span` (the request's) and the call's end with it.
-    fn respond(&self, served: Served, mut span: Span) -> Response {
-        let Served {
-            request,
-            outcome,
-            response,
-            error_body,
-            asked_usage,
-            expanded,
-            call,
-            applied_edits,
-            compaction_item,
-        } = served;
-        let UpstreamResponse {
-            status,
-            mut headers,
-            body,
-        } = response;
-        let overhead = self
-            .started
-            .elapsed()
-            .saturating_sub(self.upstream_time)
-            .saturating_sub(outcome.summary_time);
-        let app = self.app;
-        app.metrics.overhead_seconds.observe(overhead.as_secs_f64());
-        outcome_headers(app, &mut headers, &outcome, overhead);
-        // A summary the client brought back (an expanded compaction item) names its
-        // checkpoint, unless the engine applied a newer one.
-        let checkpoint = outcome.checkpoint_id.clone().or(expanded);
-        if let (Some(id), None) = (&checkpoint, &outcome.checkpoint_id) {
-            set(&mut headers, "x-compactor-checkpoint", id);
-        }
-        spans::outcome(&mut span, &outcome, checkpoint.as_deref());
-        spans::status(&mut span, status.as_u16());
-        tracing::info!(
-            method = "POST",
-            path = self.target.path,
-            status = status.as_u16(),
-            model = %Escaped(&request.model()),
-            prompt_tokens = outcome.prompt_tokens,
-            tokens_sent = outcome.tokens_after,
-            compacted = outcome.compacted,
-            conversation = outcome.anchor.as_deref().map_or("-", |a| a.get(..16).unwrap_or(a)),
-            checkpoint = outcome.checkpoint_id.as_deref().unwrap_or("-"),
-            upstream_ms = self.upstream_time.as_millis() as u64,
-            summary_ms = outcome.summary_time.as_millis() as u64,
-            overhead_ms = overhead.as_secs_f64() * 1000.0,
-            "Served a {} request.",
-            self.target.dialect.name()
-        );
-        conversations::record(
-            app,
-            self.tenant,
-            conversations::Served {
-                path: self.target.path,
-                model: request.model(),
-                status: status.as_u16(),
-                outcome: &outcome,
-                upstream_time: self.upstream_time,
-            },
-        );
-        let body = match error_body {
-            // Read whole already: the spans end here.
-            Some(bytes) => Body::from(bytes),
-            None => {
-                let body = match applied_edits.filter(|_| status.is_success()) {
-                    Some(applied) => {
-                        headers.remove(http::header::CONTENT_LENGTH);
-                        let object = crate::dialect::anthropic::edits::applied_edits(&applied);
-                        if is_sse(&headers) {
-                            context_edits::annotate_stream(body, object)
-                        } else {
-                            context_edits::annotate_message(body, object)
-                        }
-                    }
-                    None => body,
-                };
-                let body = match compaction_item.filter(|_| status.is_success()) {
-                    Some(item) => {
-                        headers.remove(http::header::CONTENT_LENGTH);
-                        threshold_compaction::answer_with_item(body, is_sse(&headers), item)
-                    }
-                    None => body,
-                };
-                let engine = app.engine.clone();
-                let model = request.model().to_string();
-                let counted = outcome.sent_raw_tokens;
-                let sink: stream::UsageSink = Box::new(move |usage| {
-                    if let Some(prompt_tokens) = usage.input_tokens {
-                        engine.observe_usage(&model, counted, prompt_tokens);
-                    }
-                    spans::usage(&mut span, &usage);
-                    // The call ends before the request it serves.
-                    call.end();
-                    span.end();
-                });
-                let dialect = self.target.dialect;
-                if is_sse(&headers) {
-                    if asked_usage {
-                        headers.remove(http::header::CONTENT_LENGTH);
-                    }
-                    Body::from_stream(stream::Observed::sse(body, asked_usage, dialect, sink))
-                } else {
-                    Body::from_stream(stream::Observed::json(body, dialect, sink))
-                }
-            }
-        };
-        let mut out = Response::new(body);
-        *out.status_mut() = status;
-        *out.headers_mut() = headers;
-        out
     }
 }
 

@@ -78,6 +78,16 @@ impl MessagesMock {
             .store(style == Overflow::AfterMessageStart, Ordering::SeqCst);
     }
 
+    /// A proxy's configuration in front of this mock for `model`, whose window is so large
+    /// that Compactor's own compaction never starts: only what a client asks for compacts.
+    pub fn config_for(&self, model: &str) -> compactor::config::Config {
+        let mut config = super::config("http://127.0.0.1:9/v1");
+        config.anthropic_upstream = self.url();
+        config.windows.insert(model.to_string(), 1_000_000);
+        config.summarizer.window = 100_000;
+        config
+    }
+
     /// Client requests forwarded to the model (summary requests excluded).
     pub fn forwarded(&self) -> Vec<Received> {
         self.state.messages.lock().unwrap().clone()

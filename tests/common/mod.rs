@@ -522,6 +522,15 @@ impl Reply {
     pub fn json(&self) -> Value {
         serde_json::from_str(&self.body).unwrap_or(Value::Null)
     }
+
+    /// A streamed body's events: the JSON of each `data:` line, in order.
+    pub fn events(&self) -> Vec<Value> {
+        self.body
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .map(|d| serde_json::from_str(d).unwrap())
+            .collect()
+    }
 }
 
 /// `POST url` with `headers` (in order) and `body`, read whole.
