@@ -1011,3 +1011,99 @@ async fn the_summarizers_markup_never_reaches_a_stored_summary() {
         }
     }
 }
+
+/// The text of every message sent, joined.
+fn sent_text(prepared: &Prepared) -> String {
+    sent_messages(prepared)
+        .iter()
+        .map(|m| m["content"].as_str().unwrap_or_default().to_string())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The limit (window less its margin) less the output reserve, as the engine sizes
+/// [`WINDOW`] for a request without `max_tokens`.
+const PROMPT_ROOM: u64 = WINDOW - WINDOW / 16 - WINDOW / 4;
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_summary_keeps_the_previous_one_and_drops_the_oldest_turns_after_it() {
+    let setup = setup(
+        Behaviour::Answer {
+            delay: Duration::ZERO,
+        },
+        |_, _| {},
+    );
+    assert!(prepare(&setup, &session(40)).await.outcome.summarized);
+    *setup.summarizer.behaviour.lock().unwrap() = Behaviour::Fail;
+
+    // Forty turns more: through the checkpoint it is over the window, and no new summary comes.
+    let messages = session(80);
+    let prepared = prepare(&setup, &messages).await;
+    assert!(
+        matches!(
+            prepared.outcome.status,
+            Some(Status::Failed {
+                fallback: "dropped-oldest",
+                ..
+            })
+        ),
+        "{:?}",
+        prepared.outcome.status
+    );
+    let text = sent_text(&prepared);
+    assert!(text.contains("summary number 1"), "the summary is kept");
+    assert!(
+        text.contains("messages after this summary were omitted"),
+        "and says what it dropped"
+    );
+    assert!(!text.contains("could not be summarized"));
+    assert_eq!(sent_messages(&prepared).last(), messages.last());
+    assert!(
+        prepared.outcome.tokens_after <= PROMPT_ROOM,
+        "{} tokens sent",
+        prepared.outcome.tokens_after
+    );
+    // Only the oldest verbatim turns went: the newest ones are all there.
+    for t in 70..80 {
+        assert!(text.contains(&format!("turn {t}: ")), "turn {t} kept");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_summary_too_large_beside_the_last_turn_is_shortened_to_fit_rather_than_dropped() {
+    let setup = setup(
+        Behaviour::Answer {
+            delay: Duration::ZERO,
+        },
+        |_, _| {},
+    );
+    let mut messages = session(40);
+    assert!(prepare(&setup, &messages).await.outcome.summarized);
+    let whole = stored(&setup).await[0].summary.clone();
+    *setup.summarizer.behaviour.lock().unwrap() = Behaviour::Fail;
+
+    // A last turn so large that the summary no longer fits whole beside it.
+    messages.push(json!({"role": "assistant", "content": "send me the log"}));
+    let log: String = (0..2_000).map(|i| format!("l{i} ")).collect();
+    messages.push(json!({"role": "user", "content": log}));
+    let prepared = prepare(&setup, &messages).await;
+    let text = sent_text(&prepared);
+    assert!(
+        text.contains("This summary was shortened"),
+        "{:?}",
+        prepared.outcome.status
+    );
+    assert!(text.contains("summary number 1"));
+    assert!(!text.contains(&whole), "the summary is not sent whole");
+    assert!(text.contains(record_heading()), "the record is kept");
+    assert_eq!(sent_messages(&prepared).last(), messages.last());
+    assert!(
+        prepared.outcome.tokens_after <= PROMPT_ROOM,
+        "{} tokens sent",
+        prepared.outcome.tokens_after
+    );
+}
+
+fn record_heading() -> &'static str {
+    compactor::compaction::record::HEADING
+}

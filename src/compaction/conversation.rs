@@ -219,7 +219,11 @@ impl Engine {
 
     /// Tokens of a checkpoint's summary message. A checkpoint never changes, so the message is
     /// rendered and counted once per checkpoint, not on every request that applies it.
-    fn summary_tokens(&self, conversation: &Conversation, checkpoint: &Checkpoint) -> u64 {
+    pub(super) fn summary_tokens(
+        &self,
+        conversation: &Conversation,
+        checkpoint: &Checkpoint,
+    ) -> u64 {
         let (request, encoding) = (&conversation.request, conversation.measured.encoding);
         let key = (request.dialect(), encoding, checkpoint.id.clone());
         if let Some(tokens) = self.summary_tokens.get(&key) {

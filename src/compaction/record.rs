@@ -322,6 +322,31 @@ pub fn attach(
     attach_share(model_text, span, previous, room)
 }
 
+/// A stored summary fitted again into `budget` tokens, for a request with less room than it
+/// was written for: the model's text cut at a line end to its part ([`model_allowance`]), the
+/// record rendered again in what that leaves, its sections by their shares as always.
+pub fn refit(summary: &str, encoding: Encoding, budget: u64) -> String {
+    if encoding.count(summary) <= budget {
+        return summary.to_string();
+    }
+    let (model_text, _) = split(summary);
+    let allowance = model_allowance(budget);
+    let mut model_text = cut_to(model_text, encoding, allowance);
+    // A first line longer than the model's part (cut_to keeps it whole) goes: the record is
+    // what no model may lose.
+    if encoding.count(&model_text) > allowance {
+        model_text = "".into();
+    }
+    let room = RecordRoom {
+        encoding,
+        budget,
+        share: SHARE,
+    };
+    attach_share(&model_text, &[], Some(summary), room)
+        .trim_start()
+        .to_string()
+}
+
 /// How much of a summary's budget the record may take.
 #[derive(Debug, Clone, Copy)]
 pub struct RecordRoom {
