@@ -91,6 +91,12 @@ async fn past_the_threshold_the_answer_opens_with_a_compaction_item_that_stands_
     assert_compaction_item(&output[0]);
     assert_eq!(output[1]["type"], "message");
     assert_eq!(mock.summaries().len(), 1);
+    // The answer names the checkpoint it stands on, as every compacted answer does.
+    let checkpoint = reply.header("x-compactor-checkpoint");
+    assert!(
+        checkpoint.is_some_and(|id| id.len() == 24),
+        "{checkpoint:?}"
+    );
 
     // The model answered from the compacted input: instructions, summary, the turn in progress.
     let sent = mock.turns().pop().unwrap().json();

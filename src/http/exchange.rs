@@ -187,6 +187,11 @@ impl<'a> Exchange<'a> {
             Parsed::Answered(response) => return Ok(Ending::Answered(response)),
             Parsed::ServerState(bytes) => return self.forward_untouched(bytes).await,
         };
+        // A compaction made at the client's threshold names the checkpoint the answer stands on.
+        let expanded = match &at_threshold {
+            AtThreshold::Compacted(_, checkpoint) => Some(checkpoint.clone()),
+            _ => expanded,
+        };
         spans::model_asked(&mut self.span, request.model());
         let applied_edits = self.clear_context(request.as_mut())?;
         let asked_usage = self.app.calibrate_streams && request.ask_for_usage();
@@ -208,7 +213,7 @@ impl<'a> Exchange<'a> {
             spans::summary(&self.span, report);
         }
         let first_in_answer = match at_threshold {
-            AtThreshold::Compacted(first) => Some(first),
+            AtThreshold::Compacted(first, _) => Some(first),
             AtThreshold::Failed => {
                 outcome.status = Some(crate::compaction::Status::Failed {
                     reason: "compact-threshold".into(),

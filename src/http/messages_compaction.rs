@@ -93,11 +93,10 @@ pub(super) async fn read(
                 "Compacted a Messages conversation at its compact_20260112 trigger."
             );
             let first = issued(&model, &checkpoint, &summary, &signature).first_in_answer();
-            let expanded = expanded.or(Some(checkpoint.id.clone()));
             return Ok(Read::Request(
                 request,
                 expanded,
-                AtThreshold::Compacted(FirstInAnswer::Block(first)),
+                AtThreshold::Compacted(FirstInAnswer::Block(first), checkpoint.id),
             ));
         }
         Err(e) => e,

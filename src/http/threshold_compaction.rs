@@ -31,8 +31,8 @@ use crate::upstream::ByteStream;
 pub(super) enum AtThreshold {
     /// Not asked for, or the input is under its threshold.
     Under,
-    /// Compacted: what to put first in the answer.
-    Compacted(FirstInAnswer),
+    /// Compacted into the checkpoint named: what to put first in the answer.
+    Compacted(FirstInAnswer, String),
     /// Over the threshold, but no compaction could be made.
     Failed,
 }
@@ -77,7 +77,10 @@ pub(super) async fn serve(
                 covered = checkpoint.covered,
                 "Compacted a Responses input at its compact_threshold."
             );
-            Ok(AtThreshold::Compacted(FirstInAnswer::Item(item)))
+            Ok(AtThreshold::Compacted(
+                FirstInAnswer::Item(item),
+                checkpoint.id,
+            ))
         }
         Err(e) => {
             tracing::warn!(error = %e, "A compaction at compact_threshold failed; serving the input as it came.");
