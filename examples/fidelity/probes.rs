@@ -195,7 +195,7 @@ pub fn draw(span: &[(Role, MessageView)]) -> Vec<Probe> {
                     continue;
                 }
                 let command = call.and_then(|(name, args)| record::shell_command(name, args));
-                if let Some(line) = failure_lines(command.as_deref(), &view.text).next() {
+                if let Some(line) = record::failure_lines(command.as_deref(), &view.text).next() {
                     probes.push(Probe::cut(Category::Errors, line));
                 }
             }
@@ -238,55 +238,6 @@ fn cut(text: &str, chars: usize) -> (String, bool) {
             (head, inside)
         }
     }
-}
-
-/// Programs whose output is the content of files: what they print is not their failure.
-const PRINTERS: &[&str] = &[
-    "cat", "head", "tail", "grep", "egrep", "rg", "ag", "sed", "awk", "find", "ls", "wc", "nl",
-    "less", "bat",
-];
-/// `git` sub-commands that print files or history.
-const GIT_PRINTERS: &[&str] = &["diff", "show", "log", "grep", "blame"];
-
-static CODE_FRAME: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^\s*\d+\s*[│|]").unwrap());
-
-/// The lines of a tool's output that report a failure of what ran (`command`, when it was a
-/// shell command): [`record::error_lines`], less the lines of code frames and, when the
-/// command only prints files, all but its program's own complaints.
-fn failure_lines<'a>(command: Option<&str>, output: &'a str) -> impl Iterator<Item = &'a str> {
-    let printer = command.and_then(printing_program);
-    record::error_lines(output).filter(move |line| {
-        if CODE_FRAME.is_match(line) {
-            return false;
-        }
-        match &printer {
-            Some(program) => {
-                line.starts_with(&format!("{program}:"))
-                    || line.contains("No such file or directory")
-            }
-            None => true,
-        }
-    })
-}
-
-/// The program of `command` when it only prints files: its first, after any `cd …&&` and
-/// variable assignments.
-fn printing_program(command: &str) -> Option<String> {
-    let first = command.lines().find(|l| !l.trim().is_empty())?;
-    let mut rest = first.trim();
-    while let Some((head, tail)) = rest.split_once("&&") {
-        if head.trim() != "cd" && !head.trim_start().starts_with("cd ") {
-            break;
-        }
-        rest = tail.trim();
-    }
-    let mut words = rest
-        .split_whitespace()
-        .skip_while(|w| w.contains('=') && !w.starts_with('-'));
-    let program = words.next()?.rsplit('/').next()?;
-    let prints = PRINTERS.contains(&program)
-        || (program == "git" && words.next().is_some_and(|w| GIT_PRINTERS.contains(&w)));
-    prints.then(|| program.to_string())
 }
 
 /// A request's text prepared for probing: lowercased, whitespace collapsed, and the stems of
