@@ -191,11 +191,11 @@ pub fn draw(span: &[(Role, MessageView)]) -> Vec<Probe> {
             }
             Role::Tool => {
                 let call = view.tool_call_id.as_deref().and_then(|id| calls.get(id));
-                if call.is_some_and(|(name, args)| files::reads(name, args)) {
-                    continue;
-                }
-                let command = call.and_then(|(name, args)| record::shell_command(name, args));
-                if let Some(line) = record::failure_lines(command.as_deref(), &view.text).next() {
+                let failure = match call {
+                    Some((name, args)) => record::first_failure(name, args, &view.text),
+                    None => record::failure_lines(None, &view.text).next(),
+                };
+                if let Some(line) = failure {
                     probes.push(Probe::cut(Category::Errors, line));
                 }
             }

@@ -29,7 +29,7 @@ pub const HEADING: &str = "## Record (copied from the conversation)";
 
 mod index;
 
-pub use index::{declared_names, error_lines, failure_lines, shell_command, Index};
+pub use index::{declared_names, error_lines, failure_lines, first_failure, shell_command, Index};
 
 const CONSTRAINTS: usize = 0;
 const REQUESTS: usize = 1;

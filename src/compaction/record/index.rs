@@ -21,7 +21,7 @@ use super::super::user_words::one_line;
 mod reading;
 
 use reading::config_keys;
-pub use reading::{declared_names, error_lines, failure_lines, shell_command};
+pub use reading::{declared_names, error_lines, failure_lines, first_failure, shell_command};
 
 /// What an entry names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -182,7 +182,7 @@ impl Index {
                         continue;
                     }
                     let command = shell_command(name, args);
-                    let first_error = failure_lines(command.as_deref(), &view.text).next();
+                    let first_error = first_failure(name, args, &view.text);
                     if command.is_some() {
                         let exit = EXIT_CODE
                             .captures(&view.text)

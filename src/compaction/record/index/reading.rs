@@ -148,3 +148,19 @@ pub(super) fn config_keys(args: &Value) -> Vec<String> {
     }
     keys
 }
+
+/// The first line of a tool call's result that reports a failure of what it did, if any:
+/// none for a file read (its output is the file), the first of [`failure_lines`] for a shell
+/// command or another tool, and for an edit or a write only its result's first line, since
+/// what follows it is the edited text echoed back (a diff, the new content), not a report.
+pub fn first_failure<'a>(tool: &str, args: &Value, output: &'a str) -> Option<&'a str> {
+    if files::reads(tool, args) {
+        return None;
+    }
+    let command = shell_command(tool, args);
+    if command.is_none() && files::modifies(tool, args) {
+        let first = output.lines().find(|l| !l.trim().is_empty())?;
+        return failure_lines(None, first).next();
+    }
+    failure_lines(command.as_deref(), output).next()
+}

@@ -276,3 +276,25 @@ fn an_earlier_runs_failure_stays_when_a_newer_outcome_replaces_it() {
         "within one span too: {index:?}"
     );
 }
+
+#[test]
+fn an_edit_reports_a_failure_only_in_its_first_line() {
+    let index = Index::collect(&views(
+        r#"{"model":"m","messages":[
+        {"role":"assistant","content":null,"tool_calls":[
+          {"id":"1","type":"function","function":{"name":"edit","arguments":"{\"path\":\"src/a.ts\",\"oldText\":\"a\",\"newText\":\"b\"}"}},
+          {"id":"2","type":"function","function":{"name":"edit","arguments":"{\"path\":\"src/b.ts\",\"oldText\":\"a\",\"newText\":\"b\"}"}}]},
+        {"role":"tool","tool_call_id":"1","content":"Successfully replaced text in src/a.ts.\n  } catch (error: any) {\n    this.agent = undefined;"},
+        {"role":"tool","tool_call_id":"2","content":"Error: could not find the text in src/b.ts\n  } catch (error: any) {"}
+        ]}"#,
+    ));
+    let errors: Vec<String> = lines(&index)
+        .into_iter()
+        .filter(|l| l.starts_with("error: "))
+        .collect();
+    assert_eq!(
+        errors,
+        ["error: Error: could not find the text in src/b.ts"],
+        "code an edit echoes back is not its failure"
+    );
+}
