@@ -1021,6 +1021,13 @@ fn sent_text(prepared: &Prepared) -> String {
         .join("\n")
 }
 
+/// Asserts the engine's count of what it sent is a count of the body it sent.
+fn assert_counted_as_sent(prepared: &Prepared) {
+    let sent = chat_request(&sent_messages(prepared));
+    let counted = Meter::new(16).measure(&sent).total();
+    assert_eq!(prepared.outcome.sent_raw_tokens.raw, counted);
+}
+
 /// The limit (window less its margin) less the output reserve, as the engine sizes
 /// [`WINDOW`] for a request without `max_tokens`.
 const PROMPT_ROOM: u64 = WINDOW - WINDOW / 16 - WINDOW / 4;
@@ -1067,6 +1074,11 @@ async fn a_failed_summary_keeps_the_previous_one_and_drops_the_oldest_turns_afte
     for t in 70..80 {
         assert!(text.contains(&format!("turn {t}: ")), "turn {t} kept");
     }
+    assert_counted_as_sent(&prepared);
+    // A longer one drops more, and is counted as what it is, not as the first one was.
+    let longer = prepare(&setup, &session(100)).await;
+    assert!(sent_text(&longer).contains("summary number 1"));
+    assert_counted_as_sent(&longer);
 }
 
 #[tokio::test(start_paused = true)]
@@ -1096,6 +1108,7 @@ async fn a_summary_too_large_beside_the_last_turn_is_shortened_to_fit_rather_tha
     assert!(text.contains("summary number 1"));
     assert!(!text.contains(&whole), "the summary is not sent whole");
     assert!(text.contains(record_heading()), "the record is kept");
+    assert_counted_as_sent(&prepared);
     assert_eq!(sent_messages(&prepared).last(), messages.last());
     assert!(
         prepared.outcome.tokens_after <= PROMPT_ROOM,

@@ -218,13 +218,17 @@ impl Engine {
     }
 
     /// Tokens of a checkpoint's summary message. A checkpoint never changes, so the message is
-    /// rendered and counted once per checkpoint, not on every request that applies it.
+    /// rendered and counted once per checkpoint, not on every request that applies it; one
+    /// without an id (made for one request, never stored) is counted each time.
     pub(super) fn summary_tokens(
         &self,
         conversation: &Conversation,
         checkpoint: &Checkpoint,
     ) -> u64 {
         let (request, encoding) = (&conversation.request, conversation.measured.encoding);
+        if checkpoint.id.is_empty() {
+            return request.summary_tokens(encoding, &self.summary_text(checkpoint));
+        }
         let key = (request.dialect(), encoding, checkpoint.id.clone());
         if let Some(tokens) = self.summary_tokens.get(&key) {
             return tokens;

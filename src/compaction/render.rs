@@ -255,7 +255,15 @@ impl Engine {
         if let Some(status) = &mut outcome.status {
             status.served_by("dropped-oldest");
         }
-        let raw = self.view(conversation, Some(&trimmed)).tokens;
+        // What the view counts for the summary message, replaced by the text actually sent
+        // (the summary with the marker after it, or the marker alone).
+        let encoding = conversation.measured.encoding;
+        let viewed = self.view(conversation, Some(&trimmed)).tokens;
+        let raw = match trimmed.covered {
+            0 => viewed,
+            _ => (viewed + conversation.request.summary_tokens(encoding, &text))
+                .saturating_sub(self.summary_tokens(conversation, &trimmed)),
+        };
         outcome.compacted = true;
         outcome.tokens_after = conversation.correction.apply(raw);
         outcome.sent_raw_tokens.raw = raw;
