@@ -25,17 +25,7 @@ async fn proxy_on(mock: &Mock, store: &std::path::Path) -> Proxy {
 
 async fn post(proxy: &Proxy, messages: &[Value]) -> Reply {
     let body = json!({"model": MODEL, "max_tokens": 256, "messages": messages});
-    let reply = common::post(
-        &format!("{}/v1/chat/completions", proxy.url()),
-        &[
-            ("authorization", "Bearer sk-a"),
-            ("content-type", "application/json"),
-        ],
-        body.to_string(),
-    )
-    .await;
-    assert_eq!(reply.status, 200, "{}", reply.body);
-    reply
+    common::post_chat(proxy, "sk-a", &body).await
 }
 
 /// One tool step: a read of `src/f{t}.rs` and its result of about `words` tokens.
@@ -151,16 +141,7 @@ async fn a_second_crossing_is_answered_by_clearing_and_replayed_by_another_repli
     // Another tenant's same conversation is served nothing of this one's: neither its summary
     // nor its clearing.
     let body = json!({"model": MODEL, "max_tokens": 256, "messages": messages});
-    let reply = common::post(
-        &format!("{}/v1/chat/completions", two.url()),
-        &[
-            ("authorization", "Bearer sk-b"),
-            ("content-type", "application/json"),
-        ],
-        body.to_string(),
-    )
-    .await;
-    assert_eq!(reply.status, 200, "{}", reply.body);
+    common::post_chat(&two, "sk-b", &body).await;
     let theirs = last_forwarded(&mock);
     assert!(
         !theirs.contains(&first[1]),

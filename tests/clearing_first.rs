@@ -243,16 +243,7 @@ async fn chat_completions_tool_results_are_cleared_first_too() {
             "content": format!("fn f{t}() {{}} {}", "data ".repeat(600))}));
     }
     let body = json!({"model": MODEL, "max_tokens": 256, "messages": messages});
-    let reply = common::post(
-        &format!("{}/v1/chat/completions", proxy.url()),
-        &[
-            ("authorization", "Bearer sk-a"),
-            ("content-type", "application/json"),
-        ],
-        body.to_string(),
-    )
-    .await;
-    assert_eq!(reply.status, 200, "{}", reply.body);
+    common::post_chat(&proxy, "sk-a", &body).await;
     assert!(mock.summaries().is_empty(), "no summary asked for");
     let forwarded = mock.chats()[0].json();
     let sent = forwarded["messages"].as_array().unwrap();

@@ -54,6 +54,13 @@ fn compact(trigger: u64, pause: bool) -> Value {
            "instructions": "Keep every file name.", "pause_after_compaction": pause})
 }
 
+/// Asserts `block` is a signed compaction block carrying the conversation's first summary.
+fn assert_first_summary_block(block: &Value) {
+    assert_eq!(block["type"], "compaction", "{block}");
+    assert!(block["content"].as_str().unwrap().contains("SUMMARY-1"));
+    assert!(block["signature"].is_string());
+}
+
 #[tokio::test]
 async fn past_its_trigger_the_edit_pauses_with_the_block_and_its_usage() {
     let mock = messages_mock::start().await;
@@ -64,12 +71,7 @@ async fn past_its_trigger_the_edit_pauses_with_the_block_and_its_usage() {
     assert_eq!(answer["stop_reason"], "compaction");
     let content = answer["content"].as_array().unwrap();
     assert_eq!(content.len(), 1, "the block alone: {content:?}");
-    assert_eq!(content[0]["type"], "compaction");
-    assert!(content[0]["content"]
-        .as_str()
-        .unwrap()
-        .contains("SUMMARY-1"));
-    assert!(content[0]["signature"].is_string());
+    assert_first_summary_block(&content[0]);
     let step = &answer["usage"]["iterations"][0];
     assert_eq!(step["type"], "compaction");
     assert!(step["input_tokens"].as_u64().unwrap() > 100);
@@ -164,12 +166,7 @@ async fn without_a_pause_the_model_answers_from_the_summary_after_the_block() {
         2,
         "the block, then the model's text: {content:?}"
     );
-    assert_eq!(content[0]["type"], "compaction");
-    assert!(content[0]["content"]
-        .as_str()
-        .unwrap()
-        .contains("SUMMARY-1"));
-    assert!(content[0]["signature"].is_string());
+    assert_first_summary_block(&content[0]);
     assert_eq!(content[1]["type"], "text");
     assert_ne!(answer["stop_reason"], "compaction");
     let steps = answer["usage"]["iterations"].as_array().unwrap();

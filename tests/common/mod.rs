@@ -542,6 +542,22 @@ pub async fn post(url: &str, headers: &[(&str, &str)], body: String) -> Reply {
     Reply::read(request.body(body).send().await.unwrap()).await
 }
 
+/// A chat completions request through `proxy` with the API key `key`, answered 200.
+pub async fn post_chat(proxy: &Proxy, key: &str, body: &Value) -> Reply {
+    let authorization = format!("Bearer {key}");
+    let reply = post(
+        &format!("{}/v1/chat/completions", proxy.url()),
+        &[
+            ("authorization", authorization.as_str()),
+            ("content-type", "application/json"),
+        ],
+        body.to_string(),
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    reply
+}
+
 /// Polls `check` until it holds, failing the test after 15 s: for what the proxy does in the
 /// background (saving facts, reconnecting to its store).
 pub async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
