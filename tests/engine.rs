@@ -1120,3 +1120,31 @@ async fn a_summary_too_large_beside_the_last_turn_is_shortened_to_fit_rather_tha
 fn record_heading() -> &'static str {
     compactor::compaction::record::HEADING
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_new_summary_that_leaves_the_request_over_is_shortened_to_fit() {
+    let setup = setup(
+        Behaviour::Answer {
+            delay: Duration::ZERO,
+        },
+        |_, _| {},
+    );
+    // Instructions that take most of the room, and a last request too long to cut: the
+    // summary planned beside them does not fit whole.
+    let mut messages = session(30);
+    messages[0] = json!({"role": "system", "content": "rule ".repeat(4_200)});
+    let request: String = (0..260).map(|i| format!("r{i} ")).collect();
+    *messages.last_mut().unwrap() = json!({"role": "user", "content": request});
+    let prepared = prepare(&setup, &messages).await;
+    assert!(prepared.outcome.summarized);
+    let text = sent_text(&prepared);
+    assert!(text.contains("summary number 1"), "the new summary is sent");
+    assert!(text.contains("This summary was shortened"));
+    assert_eq!(sent_messages(&prepared).last(), messages.last());
+    assert!(
+        prepared.outcome.tokens_after <= PROMPT_ROOM,
+        "{} tokens sent",
+        prepared.outcome.tokens_after
+    );
+    assert_counted_as_sent(&prepared);
+}

@@ -102,7 +102,11 @@ impl Engine {
                 let view = self.view(conversation, Some(&checkpoint));
                 let fits = self.fits(conversation, &view);
                 self.note_progress(conversation.anchor, fits);
-                self.rewrite(conversation, &view, outcome)
+                if fits {
+                    self.rewrite(conversation, &view, outcome)
+                } else {
+                    self.fit_beside_new_summary(conversation, &view, outcome)
+                }
             }
             Err(e) => {
                 // Not starting a summary while the proxy shuts down is not this conversation's

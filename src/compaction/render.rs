@@ -94,6 +94,29 @@ impl Engine {
         view: &View<'_>,
         outcome: Outcome,
     ) -> Prepared {
+        self.trim_to_fit(conversation, view, outcome, SummaryKept::IfItFits)
+    }
+
+    /// The request through a summary just written that leaves it over the limit: brought
+    /// under it as [`Engine::fallback`] does, but never by dropping that summary (sent over the
+    /// limit instead, for the provider to judge: a summary costs more to make again than the
+    /// output reserve it crowds).
+    pub(super) fn fit_beside_new_summary(
+        &self,
+        conversation: &Conversation,
+        view: &View<'_>,
+        outcome: Outcome,
+    ) -> Prepared {
+        self.trim_to_fit(conversation, view, outcome, SummaryKept::Always)
+    }
+
+    fn trim_to_fit(
+        &self,
+        conversation: &Conversation,
+        view: &View<'_>,
+        outcome: Outcome,
+        summary_kept: SummaryKept,
+    ) -> Prepared {
         if self.fits(conversation, view) {
             return self.rewrite(conversation, view, outcome);
         }
@@ -169,6 +192,9 @@ impl Engine {
                     ..Trim::after_summary(cp, newest_start)
                 };
                 return self.trimmed(conversation, view, outcome, trim);
+            }
+            if summary_kept == SummaryKept::Always {
+                return self.rewrite(conversation, view, outcome);
             }
         }
         let start = starts
@@ -273,6 +299,14 @@ impl Engine {
             outcome,
         }
     }
+}
+
+/// Whether a fallback may drop the checkpoint's summary when nothing else brings the request
+/// under its limit.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum SummaryKept {
+    IfItFits,
+    Always,
 }
 
 /// Least room a summary is fitted again into when it does not fit whole: below it, the request
