@@ -82,6 +82,7 @@ pub struct CompactionConfig {
     pub soft_threshold: f64,
     pub clear_tool_results_first: bool,
     pub clear_keep_tool_uses: u64,
+    pub clear_min_share: f64,
     pub calibrate_streams: bool,
     pub checkpoint_ttl_secs: u64,
     pub model_facts_ttl_secs: u64,
@@ -246,6 +247,7 @@ impl Default for CompactionConfig {
             soft_threshold: 0.75,
             clear_tool_results_first: true,
             clear_keep_tool_uses: 3,
+            clear_min_share: 0.5,
             calibrate_streams: true,
             checkpoint_ttl_secs: 30 * 24 * 3600,
             model_facts_ttl_secs: 24 * 3600,
@@ -363,6 +365,9 @@ impl Config {
         }
         if !(0.0..=1.0).contains(&self.compaction.soft_threshold) {
             return bad("compaction.soft_threshold must be between 0 and 1".into());
+        }
+        if !(0.0..=1.0).contains(&self.compaction.clear_min_share) {
+            return bad("compaction.clear_min_share must be between 0 and 1".into());
         }
         if self.default_window < 256 {
             return bad("default_window must be at least 256 tokens".into());

@@ -19,6 +19,10 @@ async fn proxy_on(mock: &Mock, store: &std::path::Path) -> Proxy {
     config.windows.insert(MODEL.to_string(), WINDOW);
     config.compaction.keep_recent_tokens = WINDOW / 3;
     config.compaction.clear_tool_results_first = true;
+    // Clear whenever clearing alone is enough: this suite follows what a clearing after a
+    // summary does; when a summary is preferred to a clearing that frees little is
+    // `clearing_first`'s to check.
+    config.compaction.clear_min_share = 0.0;
     config.summarizer.window = 100_000;
     start_proxy(config).await
 }

@@ -18,7 +18,14 @@ const MODEL: &str = "qwen2.5-coder-0.5b";
 const WINDOW: u64 = 4000;
 
 async fn proxy_for(mock: &MessagesMock, clear_first: bool) -> Proxy {
+    proxy_clearing_from(mock, clear_first, 0.5).await
+}
+
+/// A proxy that clears first when `clear_first`, a clearing being made only when it frees at
+/// least `min_share` of what a summary would.
+async fn proxy_clearing_from(mock: &MessagesMock, clear_first: bool, min_share: f64) -> Proxy {
     let mut config = common::config("http://127.0.0.1:9/v1");
+    config.compaction.clear_min_share = min_share;
     config.anthropic_upstream = mock.url();
     config.windows.insert(MODEL.to_string(), WINDOW);
     config.compaction.keep_recent_tokens = WINDOW / 3;
@@ -193,6 +200,43 @@ async fn a_conversation_clearing_cannot_bring_under_is_summarized() {
     let mock = messages_mock::start().await;
     let proxy = proxy_for(&mock, true).await;
     let reply = post(&proxy, "sk-a", &request(&pasted_loop())).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert!(!mock.summaries().is_empty(), "a summary was written");
+    assert!(!mock.forwarded()[0]
+        .json()
+        .to_string()
+        .contains("cleared to save context"));
+}
+
+/// Long prose first, then a tool loop whose old results weigh little: clearing them is enough to
+/// bring the request under its limit, but frees far less than a summary would.
+fn prose_then_small_results() -> Vec<Value> {
+    let mut messages = vec![
+        json!({"role": "user", "content": format!("the design {}", "word ".repeat(1300))}),
+        json!({"role": "assistant", "content": format!("my reading {}", "note ".repeat(1300))}),
+    ];
+    messages.extend(tool_loop(6, 150));
+    messages
+}
+
+#[tokio::test]
+async fn a_clearing_that_frees_much_less_than_a_summary_would_gives_way_to_one() {
+    let conversation = request(&prose_then_small_results());
+    // With no floor, clearing alone is enough here: the oldest results are stubbed.
+    let mock = messages_mock::start().await;
+    let proxy = proxy_clearing_from(&mock, true, 0.0).await;
+    let reply = post(&proxy, "sk-a", &conversation).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert!(mock.summaries().is_empty(), "cleared, not summarized");
+    assert!(mock.forwarded()[0]
+        .json()
+        .to_string()
+        .contains("cleared to save context"));
+
+    // With the default floor, what clearing frees is weighed against what a summary frees.
+    let mock = messages_mock::start().await;
+    let proxy = proxy_clearing_from(&mock, true, 0.5).await;
+    let reply = post(&proxy, "sk-a", &conversation).await;
     assert_eq!(reply.status, 200, "{}", reply.body);
     assert!(!mock.summaries().is_empty(), "a summary was written");
     assert!(!mock.forwarded()[0]

@@ -31,11 +31,20 @@ struct Args {
     /// A line put above the table.
     #[arg(long, default_value = "")]
     label: String,
+    /// `compaction.clear_min_share` for the replays through Compactor (the default's otherwise).
+    #[arg(long)]
+    clear_min_share: Option<f64>,
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<(), String> {
     let args = Args::parse();
+    if let Some(share) = args.clear_min_share {
+        run::set_compaction(compactor::config::CompactionConfig {
+            clear_min_share: share,
+            ..Default::default()
+        });
+    }
     let mut table = String::new();
     if !args.label.is_empty() {
         writeln!(table, "### {}\n", args.label).unwrap();

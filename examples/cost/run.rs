@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use compactor::compaction::{Engine, Parts, RequestContext, Summarizer, SummarizerError};
@@ -241,8 +241,17 @@ fn naive_summary(bill: &mut Bill, sent: &Measured, request: &Arc<dyn WireRequest
     }
 }
 
-/// The engine at `window`, with the memory store and the default settings (ahead-of-time
-/// summaries on).
+/// The compaction settings of every engine the replays make: the default ones unless
+/// [`set_compaction`] was called first.
+static COMPACTION: OnceLock<CompactionConfig> = OnceLock::new();
+
+/// Sets the compaction settings of every later replay (once, before the first).
+pub fn set_compaction(config: CompactionConfig) {
+    let _ = COMPACTION.set(config);
+}
+
+/// The engine at `window`, with the memory store and the compaction settings (the default's:
+/// ahead-of-time summaries on, clearing first).
 fn engine(model: &str, window: u64, writer: Arc<Writer>, metrics: Arc<Metrics>) -> Arc<Engine> {
     let summarizer = SummarizerConfig {
         window: 1_000_000,
@@ -255,7 +264,8 @@ fn engine(model: &str, window: u64, writer: Arc<Writer>, metrics: Arc<Metrics>) 
         summary_writer: writer,
         metrics,
     };
-    Arc::new(Engine::new(CompactionConfig::default(), summarizer, parts))
+    let compaction = COMPACTION.get_or_init(CompactionConfig::default).clone();
+    Arc::new(Engine::new(compaction, summarizer, parts))
 }
 
 fn parse(body: &Value, messages: &[Value]) -> Result<ChatRequest, String> {

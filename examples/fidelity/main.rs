@@ -99,6 +99,10 @@ struct Args {
     /// cleared first (`compaction.clear_tool_results_first = false`).
     #[arg(long)]
     no_clearing: bool,
+    /// In the probe benchmark's replays, a clearing is made only when it frees at least this
+    /// share of what a summary would (`compaction.clear_min_share`; default: the proxy's).
+    #[arg(long)]
+    clear_min_share: Option<f64>,
     /// In the probe benchmark's replays, the summaries are written by the model at `--url`
     /// (`--model`, with a context window of `--probes-model-window` tokens) instead of a
     /// summarizer whose text carries nothing.
@@ -148,6 +152,9 @@ async fn main() -> std::process::ExitCode {
 
 async fn run(args: &Args) -> Result<(), String> {
     if args.probes {
+        if let Some(share) = args.clear_min_share {
+            replay::set_clear_min_share(share);
+        }
         return probe_run::run(&probe_run::ProbeArgs {
             files: &args.files,
             window: args.window,

@@ -227,6 +227,13 @@ pub async fn replay(
     Ok(out)
 }
 
+/// `compaction.clear_min_share` for every replay of this run, when not the proxy's default.
+static CLEAR_MIN_SHARE: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+
+pub fn set_clear_min_share(share: f64) {
+    let _ = CLEAR_MIN_SHARE.set(share);
+}
+
 /// The engine at `window`, with the memory store, real time and no ahead-of-time summaries (a
 /// replay sends the next request at once), clearing old tool output first or not; and its
 /// metrics (the summary requests it made).
@@ -239,6 +246,10 @@ fn engine(
     let config = CompactionConfig {
         ahead_of_time: false,
         clear_tool_results_first: clear_first,
+        clear_min_share: CLEAR_MIN_SHARE
+            .get()
+            .copied()
+            .unwrap_or(CompactionConfig::default().clear_min_share),
         max_summary_chunks: 10_000,
         // A 0.5B model on a loaded CPU takes minutes per summary, past the proxy's timeout.
         summary_timeout_ms: if writer.is_some() { 3_600_000 } else { 120_000 },

@@ -226,6 +226,23 @@ impl Engine {
         ((below_soft / 2).clamp(usable / 4, usable / 2), usable / 2)
     }
 
+    /// Corrected tokens a request of `conversation` would cost through a summary written now:
+    /// its fixed part, the summary's allowance and the tail a compaction keeps. What
+    /// [`Engine::clear_tail`] weighs a clearing against.
+    pub(super) fn after_summary(&self, conversation: &Conversation) -> u64 {
+        let fixed = Self::instruction_tokens(conversation)
+            + conversation.measured.head_tokens
+            + REPLY_PRIMING
+            + self.summary_allowance(conversation.window);
+        let (keep, _) = self.keep_share(conversation, fixed);
+        let keep = keep.min(
+            conversation
+                .correction
+                .apply(self.config.keep_recent_tokens),
+        );
+        conversation.correction.apply(fixed) + keep
+    }
+
     pub(super) fn summary_allowance(&self, window: u64) -> u64 {
         self.config.summary_max_tokens.min(window / 8).max(128)
     }

@@ -2,7 +2,8 @@
 //! clear_tool_results_first`). A request that nears its budget through the checkpoint it has (or
 //! with none) has the oldest tool results of its verbatim part replaced by one-line stubs (the
 //! call and its arguments stay), the newest `clear_keep_tool_uses` kept whole, when that alone
-//! brings it under; a summary is written only when it does not.
+//! brings it under and frees at least `clear_min_share` of what a summary would; a summary is
+//! written only when it does not.
 //!
 //! A clearing is a checkpoint like a summary: the same summary (or none, before the first) with
 //! what was cleared ([`crate::store::Cleared`]), stored, found by the next request of the
@@ -87,6 +88,15 @@ impl Engine {
             .apply(after)
             .saturating_add(conversation.reserve);
         if fresh.is_empty() || needed > budget {
+            return None;
+        }
+        // A clearing that frees far less than a summary would leaves the request large: every
+        // later request reads that size again from the provider's cache, and the next crossing
+        // comes sooner. Below `clear_min_share` of what a summary would free, summarize.
+        let now = conversation.correction.apply(view.tokens);
+        let freed = now.saturating_sub(conversation.correction.apply(after));
+        let summary_frees = now.saturating_sub(self.after_summary(conversation));
+        if (freed as f64) < self.config.clear_min_share * summary_frees as f64 {
             return None;
         }
         let count = fresh.len();
