@@ -21,6 +21,13 @@
 # free ones.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+prepare_only=false
+case "${1:-}" in
+  --prepare) prepare_only=true ;;  # only the base images, stand-ins and docker-compose (CI
+                                   # fetches them in the background while it compiles)
+  "") ;;
+  *) echo "usage: scripts/container-smoke.sh [--prepare]" >&2; exit 2 ;;
+esac
 
 cache="${COMPACTOR_CONTAINER_CACHE:-$HOME/.cache/compactor-containers}"
 logs="$PWD/target/container-smoke"
@@ -45,7 +52,8 @@ done
 # default limits (1M open files) are above what an unprivileged-resource host allows.
 nofile=$(ulimit -Hn)
 [ "$nofile" = unlimited ] && nofile=1048576
-cat >"$logs/containers.conf" <<EOF
+# Written whole and then renamed: a preparation in the background may be reading it.
+cat >"$logs/containers.conf.$$" <<EOF
 [containers]
 default_ulimits = ["nofile=$nofile:$nofile", "nproc=32768:32768"]
 [engine]
@@ -53,6 +61,7 @@ runtime = "runc"
 cgroup_manager = "cgroupfs"
 events_logger = "file"
 EOF
+mv "$logs/containers.conf.$$" "$logs/containers.conf"
 export CONTAINERS_CONF="$logs/containers.conf"
 
 # --- base images from debootstrap ------------------------------------------------------------------
@@ -96,6 +105,10 @@ finish() {
   [ ${#failed[@]} = 0 ] || fail "${failed[*]} (logs in $logs)"
 }
 
+# One preparation at a time per cache: a later run waits for one in the background, then finds
+# its images made.
+exec 8>"$cache/.prepare.lock"
+flock 8
 step "base images (debootstrap bookworm and forky, cached)"
 in_background base-bookworm base_image bookworm
 in_background base-forky base_image forky
@@ -141,6 +154,9 @@ in_background redis standin redis bookworm bookworm
 in_background prometheus standin prometheus bookworm bookworm
 in_background nginx standin nginx forky forky
 finish
+flock -u 8
+exec 8>&-
+if $prepare_only; then exit 0; fi
 compose() { "$compose_bin" "$@"; }
 compose version
 

@@ -114,6 +114,10 @@ npm_with() { # dir packages…
   echo "$stamp" >"$dir/.e2e-stamp"
 }
 
+# One setup at a time per cache: CI starts one in the background while the first stages
+# compile (.ci/run), and this script's own setup then waits for it and finds everything ready.
+exec 8>"$CACHE/.setup.lock"
+flock 8
 t0=$SECONDS
 venv_with "$CACHE/venv" "${PY_PACKAGES[@]}"
 wants aider && venv_with "$CACHE/venv-aider" "${AIDER_PACKAGES[@]}"
@@ -130,6 +134,8 @@ say "clients ready ($((SECONDS - t0))s)"
 t0=$SECONDS
 "$root/scripts/llama-server.sh" fetch
 say "llama-server and model ready ($((SECONDS - t0))s)"
+flock -u 8
+exec 8>&-
 if $setup_only; then exit 0; fi
 
 # ---- the proxy -----------------------------------------------------------------------------
