@@ -195,17 +195,24 @@ fn pasted_loop() -> Vec<Value> {
     messages
 }
 
-#[tokio::test]
-async fn a_conversation_clearing_cannot_bring_under_is_summarized() {
+/// Sends `conversation` once through a proxy clearing first with `min_share`; whether a summary
+/// was written, and whether the forwarded request carries cleared results.
+async fn summarized_and_cleared(conversation: &Value, min_share: f64) -> (bool, bool) {
     let mock = messages_mock::start().await;
-    let proxy = proxy_for(&mock, true).await;
-    let reply = post(&proxy, "sk-a", &request(&pasted_loop())).await;
+    let proxy = proxy_clearing_from(&mock, true, min_share).await;
+    let reply = post(&proxy, "sk-a", conversation).await;
     assert_eq!(reply.status, 200, "{}", reply.body);
-    assert!(!mock.summaries().is_empty(), "a summary was written");
-    assert!(!mock.forwarded()[0]
+    let cleared = mock.forwarded()[0]
         .json()
         .to_string()
-        .contains("cleared to save context"));
+        .contains("cleared to save context");
+    (!mock.summaries().is_empty(), cleared)
+}
+
+#[tokio::test]
+async fn a_conversation_clearing_cannot_bring_under_is_summarized() {
+    let outcome = summarized_and_cleared(&request(&pasted_loop()), 0.5).await;
+    assert_eq!(outcome, (true, false), "summarized, nothing cleared");
 }
 
 /// Long prose first, then a tool loop whose old results weigh little: clearing them is enough to
@@ -223,26 +230,11 @@ fn prose_then_small_results() -> Vec<Value> {
 async fn a_clearing_that_frees_much_less_than_a_summary_would_gives_way_to_one() {
     let conversation = request(&prose_then_small_results());
     // With no floor, clearing alone is enough here: the oldest results are stubbed.
-    let mock = messages_mock::start().await;
-    let proxy = proxy_clearing_from(&mock, true, 0.0).await;
-    let reply = post(&proxy, "sk-a", &conversation).await;
-    assert_eq!(reply.status, 200, "{}", reply.body);
-    assert!(mock.summaries().is_empty(), "cleared, not summarized");
-    assert!(mock.forwarded()[0]
-        .json()
-        .to_string()
-        .contains("cleared to save context"));
-
+    let outcome = summarized_and_cleared(&conversation, 0.0).await;
+    assert_eq!(outcome, (false, true), "cleared, not summarized");
     // With the default floor, what clearing frees is weighed against what a summary frees.
-    let mock = messages_mock::start().await;
-    let proxy = proxy_clearing_from(&mock, true, 0.5).await;
-    let reply = post(&proxy, "sk-a", &conversation).await;
-    assert_eq!(reply.status, 200, "{}", reply.body);
-    assert!(!mock.summaries().is_empty(), "a summary was written");
-    assert!(!mock.forwarded()[0]
-        .json()
-        .to_string()
-        .contains("cleared to save context"));
+    let outcome = summarized_and_cleared(&conversation, 0.5).await;
+    assert_eq!(outcome, (true, false), "summarized, nothing cleared");
 }
 
 #[tokio::test]
