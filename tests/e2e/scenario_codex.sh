@@ -20,7 +20,7 @@
 # llama-server): the scenario then reports how many prompts Codex survived without Compactor.
 #
 # Environment: COMPACTOR_URL (with /v1), E2E_COMPACTOR_LOG, CODEX_BIN, E2E_WINDOW, E2E_MODEL,
-# E2E_CODEX_PROMPTS (default 8), E2E_PYTHON, E2E_ADMIN_TOKEN, E2E_LOG_DIR, E2E_RELAY_LOG.
+# E2E_CODEX_PROMPTS (default 6), E2E_PYTHON, E2E_ADMIN_TOKEN, E2E_LOG_DIR, E2E_RELAY_LOG.
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -28,7 +28,11 @@ here="$(cd "$(dirname "$0")" && pwd)"
 source "$here/recall.sh"
 : "${COMPACTOR_URL:?}" "${CODEX_BIN:?}"
 baseline="${E2E_CODEX_BASELINE:-0}"
-prompts="${E2E_CODEX_PROMPTS:-8}"
+# Six: Codex's own instructions and tools (about 1,800 tokens) and the output reserve (1,024)
+# leave about 1,000 tokens of a 4,096-token window for the conversation, less than one pasting
+# prompt, so every prompt after the first is sent through a new summary. Six make five
+# compactions in a row and a thread of about two windows; more only repeat that.
+prompts="${E2E_CODEX_PROMPTS:-6}"
 py="${E2E_PYTHON:-python3}"
 logs="${E2E_LOG_DIR:-$PWD}"
 started=$SECONDS
