@@ -188,7 +188,7 @@ impl ServerCompaction {
         match self {
             ServerCompaction::Emulate => true,
             ServerCompaction::Passthrough => false,
-            ServerCompaction::Auto => reqwest::Url::parse(upstream)
+            ServerCompaction::Auto => url::Url::parse(upstream)
                 .ok()
                 .and_then(|u| u.host_str().map(|h| h != first_party))
                 .unwrap_or(true),
@@ -353,7 +353,7 @@ impl Config {
             if optional && url.is_empty() {
                 continue;
             }
-            match reqwest::Url::parse(url) {
+            match url::Url::parse(url) {
                 Ok(u) if u.scheme() == "http" || u.scheme() == "https" => {}
                 _ => {
                     return bad(format!(
@@ -510,7 +510,7 @@ const HARMLESS_QUERY_PARAMETERS: &[&str] = &["api-version"];
 /// API version (`?api-key=…`, `?key=…`, a signature) replaced by `redacted`. Anything that is
 /// not a URL with a host (a file path, `memory`) is returned unchanged.
 pub fn redact_url(spec: &str) -> String {
-    let Ok(mut url) = reqwest::Url::parse(spec) else {
+    let Ok(mut url) = url::Url::parse(spec) else {
         return spec.to_string();
     };
     // Nothing to hide: shown as written (a parsed URL would gain a `/` after a bare host).

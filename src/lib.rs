@@ -14,7 +14,7 @@
 //!    is still too large, plans a cut, asks for a summary (a [`compaction::Summarizer`], in the
 //!    provider's own dialect), stores the new checkpoint in the [`store`], and has the dialect
 //!    render the body through it. The core never reads a wire format.
-//! 4. [`upstream`] forwards the body to the provider (the only module that knows reqwest);
+//! 4. [`upstream`] forwards the body to the provider (the only module that knows the HTTP client);
 //!    [`http`] streams the answer back, reading `usage` in the dialect to calibrate counts, and
 //!    when the dialect recognises a context-overflow error ([`dialect::overflow`]), retries once.
 //!

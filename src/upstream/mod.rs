@@ -1,6 +1,8 @@
-//! Talking to the provider: the only module that knows reqwest.
+//! Talking to the provider: the only module that knows the HTTP client.
 //!
-//! Requests go out with the client's headers minus hop-by-hop ones (and with the configured key
+//! The client is hyper's own pooled one (hyper-util's), with rustls for TLS (HTTP/2 where the
+//! provider offers it): a request crosses the fewest layers there are, which a proxy pays on
+//! every request (`benches/results/2026-12-03-floor.md`). Requests go out with the client's headers minus hop-by-hop ones (and with the configured key
 //! in place of the client's credentials, when there is one); responses come back as a status,
 //! headers and a byte stream that is never buffered. [`summarizer`] sends summary requests.
 
@@ -11,7 +13,15 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::{Stream, StreamExt, TryStreamExt};
-use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::Frame;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use url::Url;
 
 /// A response body as it arrives.
 pub type ByteStream = Pin<Box<dyn Stream<Item = Result<Bytes, std::io::Error>> + Send>>;
@@ -97,12 +107,21 @@ pub enum KeyHeader {
     XApiKey,
 }
 
+/// A request body on its way to the provider: bytes in hand, or the client's upload as it
+/// arrives.
+pub struct RequestBody {
+    body: UnsyncBoxBody<Bytes, std::io::Error>,
+    whole: bool,
+}
+
+type HttpClient = Client<HttpsConnector<HttpConnector>, UnsyncBoxBody<Bytes, std::io::Error>>;
+
 /// The configured way to reach one provider.
 #[derive(Clone)]
 pub struct Upstream {
-    client: reqwest::Client,
+    client: HttpClient,
     /// Parsed once: building each request's URL from it is cheaper than parsing a string.
-    base: reqwest::Url,
+    base: Url,
     key: Option<String>,
     key_header: KeyHeader,
     first_byte_timeout: Duration,
@@ -115,15 +134,24 @@ impl Upstream {
         connect_timeout: Duration,
         first_byte_timeout: Duration,
     ) -> Result<Upstream, UpstreamError> {
-        let client = reqwest::Client::builder()
-            .connect_timeout(connect_timeout)
+        let mut http = HttpConnector::new();
+        http.set_connect_timeout(Some(connect_timeout));
+        http.set_nodelay(true);
+        http.enforce_http(false);
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_webpki_roots()
+            .https_or_http()
+            .enable_http1()
+            .enable_http2()
+            .wrap_connector(http);
+        // No redirects are followed (this client follows none): a redirect would carry the
+        // prompt and the credential headers (`api-key` and `x-api-key` included) to wherever the
+        // upstream points, so 3xx answers go back to the client instead.
+        let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(90))
-            .tcp_nodelay(true)
-            // A redirect would carry the prompt and the credential headers (`api-key` and
-            // `x-api-key` included) to wherever the upstream points: 3xx answers go back instead.
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .map_err(|e| UpstreamError::Unreachable(e.to_string()))?;
+            .pool_timer(TokioTimer::new())
+            .timer(TokioTimer::new())
+            .build(https);
         Ok(Upstream {
             client,
             base: parse_base(base)?,
@@ -180,7 +208,7 @@ impl Upstream {
 
     /// `{base}{path_and_query}`, e.g. `https://api.openai.com/v1` + `/models?x=1`; refused when
     /// the URL library's resolution of dot segments would take it out of the base path.
-    fn url_for(&self, path_and_query: &str) -> Result<reqwest::Url, UpstreamError> {
+    fn url_for(&self, path_and_query: &str) -> Result<Url, UpstreamError> {
         let mut url = self.base.clone();
         let (path, query) = match path_and_query.split_once('?') {
             Some((p, q)) => (p, Some(q)),
@@ -211,15 +239,18 @@ impl Upstream {
         method: Method,
         path_and_query: &str,
         mut headers: HeaderMap,
-        body: reqwest::Body,
+        body: RequestBody,
     ) -> Result<UpstreamResponse, UpstreamError> {
         let url = self.url_for(path_and_query)?;
+        let uri = Uri::try_from(url.as_str())
+            .map_err(|e| UpstreamError::Refused(format!("not a request URI: {e}")))?;
         strip_hop_by_hop(&mut headers);
+        // The client sets `Host` from the URI.
         headers.remove(http::header::HOST);
         // A buffered body gets its length from the client library; a streamed one is the
         // client's own upload, sent with the length the client declared (not chunked: some
         // servers do not accept chunked uploads).
-        if body.as_bytes().is_some() {
+        if body.whole {
             headers.remove(http::header::CONTENT_LENGTH);
         }
         if let Some(key) = &self.key {
@@ -237,25 +268,32 @@ impl Upstream {
             })?;
             headers.insert(name, value);
         }
-        let request = self.client.request(method, url).headers(headers).body(body);
-        let response = match tokio::time::timeout(self.first_byte_timeout, request.send()).await {
-            Err(_) => {
-                return Err(UpstreamError::Timeout(format!(
-                    "no response within {} ms",
-                    self.first_byte_timeout.as_millis()
-                )))
-            }
-            Ok(Err(e)) if e.is_timeout() => return Err(UpstreamError::Timeout(describe(&e))),
-            Ok(Err(e)) if e.is_connect() => return Err(UpstreamError::Unreachable(describe(&e))),
-            Ok(Err(e)) => return Err(UpstreamError::Broken(describe(&e))),
-            Ok(Ok(r)) => r,
-        };
-        let status = response.status();
-        let mut headers = response.headers().clone();
+        let mut request = http::Request::new(body.body);
+        *request.method_mut() = method;
+        *request.uri_mut() = uri;
+        *request.headers_mut() = headers;
+        let response =
+            match tokio::time::timeout(self.first_byte_timeout, self.client.request(request)).await
+            {
+                Err(_) => {
+                    return Err(UpstreamError::Timeout(format!(
+                        "no response within {} ms",
+                        self.first_byte_timeout.as_millis()
+                    )))
+                }
+                Ok(Err(e)) if timed_out(&e) => return Err(UpstreamError::Timeout(describe(&e))),
+                Ok(Err(e)) if e.is_connect() => {
+                    return Err(UpstreamError::Unreachable(describe(&e)))
+                }
+                Ok(Err(e)) => return Err(UpstreamError::Broken(describe(&e))),
+                Ok(Ok(r)) => r,
+            };
+        let (head, body) = response.into_parts();
+        let mut headers = head.headers;
         strip_hop_by_hop(&mut headers);
-        let body = response.bytes_stream().map_err(std::io::Error::other);
+        let body = body.into_data_stream().map_err(std::io::Error::other);
         Ok(UpstreamResponse {
-            status,
+            status: head.status,
             headers,
             body: Box::pin(body),
         })
@@ -263,20 +301,35 @@ impl Upstream {
 }
 
 /// Parses a base URL, without its trailing slash (paths are appended to it).
-fn parse_base(base: &str) -> Result<reqwest::Url, UpstreamError> {
-    let mut url = reqwest::Url::parse(base)
+fn parse_base(base: &str) -> Result<Url, UpstreamError> {
+    let mut url = Url::parse(base)
         .map_err(|e| UpstreamError::Unreachable(format!("invalid upstream URL: {e}")))?;
     let trimmed = url.path().trim_end_matches('/').to_string();
     url.set_path(&trimmed);
     Ok(url)
 }
 
-/// An error's chain of causes without the URL (which could carry credentials in its query).
-fn describe(e: &reqwest::Error) -> String {
-    let mut text = String::from(if e.is_connect() {
-        "connection failed"
-    } else if e.is_timeout() {
+/// Whether the connection attempt or the exchange ran out of time (the connect timeout).
+fn timed_out(e: &hyper_util::client::legacy::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = source {
+        if s.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
+        {
+            return true;
+        }
+        source = s.source();
+    }
+    false
+}
+
+/// An error's chain of causes. The URL is never part of it (its query could carry
+/// credentials): the client's errors do not name it.
+fn describe(e: &hyper_util::client::legacy::Error) -> String {
+    let mut text = String::from(if timed_out(e) {
         "timed out"
+    } else if e.is_connect() {
+        "connection failed"
     } else {
         "request failed"
     });
@@ -290,16 +343,24 @@ fn describe(e: &reqwest::Error) -> String {
 }
 
 /// Wraps bytes as a request body.
-pub fn body_from(bytes: impl Into<Bytes>) -> reqwest::Body {
-    reqwest::Body::from(bytes.into())
+pub fn body_from(bytes: impl Into<Bytes>) -> RequestBody {
+    RequestBody {
+        body: Full::new(bytes.into())
+            .map_err(|never| match never {})
+            .boxed_unsync(),
+        whole: true,
+    }
 }
 
 /// Wraps a stream as a request body, for pass-through uploads.
-pub fn body_from_stream<S>(stream: S) -> reqwest::Body
+pub fn body_from_stream<S>(stream: S) -> RequestBody
 where
     S: Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static,
 {
-    reqwest::Body::wrap_stream(stream)
+    RequestBody {
+        body: StreamBody::new(stream.map_ok(Frame::data)).boxed_unsync(),
+        whole: false,
+    }
 }
 
 #[cfg(test)]
