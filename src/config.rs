@@ -11,6 +11,13 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+mod defaults;
+mod env;
+mod redact;
+
+use env::apply_env;
+pub use redact::redact_url;
+
 /// Every way loading configuration can fail; each message names the offending key or file.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -192,71 +199,6 @@ impl ServerCompaction {
                 .ok()
                 .and_then(|u| u.host_str().map(|h| h != first_party))
                 .unwrap_or(true),
-        }
-    }
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            listen: "127.0.0.1:8787".into(),
-            upstream: "https://api.openai.com/v1".into(),
-            upstream_key_env: String::new(),
-            anthropic_upstream: "https://api.anthropic.com".into(),
-            anthropic_upstream_key_env: String::new(),
-            store: "compactor.sqlite3".into(),
-            max_body_bytes: 32 * 1024 * 1024,
-            connect_timeout_ms: 10_000,
-            first_byte_timeout_ms: 600_000,
-            shutdown_grace_ms: 30_000,
-            log_format: LogFormat::Text,
-            admin_token: String::new(),
-            default_window: 128_000,
-            windows: BTreeMap::new(),
-            header_read_timeout_ms: 30_000,
-            body_read_timeout_ms: 60_000,
-            max_connections: 1024,
-            max_in_flight_body_bytes: 256 * 1024 * 1024,
-            gateway_keys_file: String::new(),
-            gateway_keys_env: String::new(),
-            compaction: CompactionConfig::default(),
-            summarizer: SummarizerConfig::default(),
-            responses: ResponsesConfig::default(),
-            timeline: TimelineConfig::default(),
-            telemetry: TelemetryConfig::default(),
-            messages: MessagesConfig::default(),
-        }
-    }
-}
-
-impl Default for CompactionConfig {
-    fn default() -> Self {
-        CompactionConfig {
-            enabled: true,
-            reserve_output_tokens: 16_384,
-            margin_tokens: 1024,
-            keep_recent_tokens: 20_000,
-            summary_max_tokens: 4096,
-            merge_summary_into_user: false,
-            instructions: String::new(),
-            summary_timeout_ms: 120_000,
-            max_unproductive_compactions: 3,
-            retry_backoff_base_ms: 30_000,
-            retry_backoff_max_ms: 900_000,
-            ahead_of_time: true,
-            soft_threshold: 0.75,
-            clear_tool_results_first: true,
-            clear_keep_tool_uses: 3,
-            clear_min_share: 0.5,
-            calibrate_streams: true,
-            checkpoint_ttl_secs: 30 * 24 * 3600,
-            model_facts_ttl_secs: 24 * 3600,
-            model_facts_cache_size: 4096,
-            max_summary_chunks: 12,
-            max_concurrent_summaries: 8,
-            max_concurrent_summaries_per_tenant: 2,
-            learning_min_tenants: 2,
-            window_bound_ttl_secs: 3600,
         }
     }
 }
@@ -502,45 +444,6 @@ impl Config {
     }
 }
 
-/// Query parameters whose values are shown: they choose an API version, they grant nothing.
-const HARMLESS_QUERY_PARAMETERS: &[&str] = &["api-version"];
-
-/// A URL (an upstream, a store) as it may be shown or logged: user and password hidden
-/// (`redis://user:pw@host` becomes `redis://redacted@host`), and every query value but an
-/// API version (`?api-key=…`, `?key=…`, a signature) replaced by `redacted`. Anything that is
-/// not a URL with a host (a file path, `memory`) is returned unchanged.
-pub fn redact_url(spec: &str) -> String {
-    let Ok(mut url) = url::Url::parse(spec) else {
-        return spec.to_string();
-    };
-    // Nothing to hide: shown as written (a parsed URL would gain a `/` after a bare host).
-    if !url.has_host()
-        || (url.username().is_empty() && url.password().is_none() && url.query().is_none())
-    {
-        return spec.to_string();
-    }
-    if !url.username().is_empty() || url.password().is_some() {
-        // Setting user info fails only for URLs that cannot have it; those have none to hide.
-        let _ = url.set_password(None);
-        let _ = url.set_username("redacted");
-    }
-    if url.query().is_some() {
-        let pairs: Vec<(String, String)> = url
-            .query_pairs()
-            .map(|(name, value)| {
-                let shown = if HARMLESS_QUERY_PARAMETERS.contains(&name.as_ref()) {
-                    value.into_owned()
-                } else {
-                    "redacted".to_string()
-                };
-                (name.into_owned(), shown)
-            })
-            .collect();
-        url.query_pairs_mut().clear().extend_pairs(pairs);
-    }
-    url.to_string()
-}
-
 fn read_key(var: &str) -> Option<String> {
     if var.is_empty() {
         return None;
@@ -551,66 +454,6 @@ fn read_key(var: &str) -> Option<String> {
 fn path_name(path: Option<&Path>) -> String {
     path.map(|p| p.display().to_string())
         .unwrap_or_else(|| "<defaults>".into())
-}
-
-/// Overlays `COMPACTOR_KEY` and `COMPACTOR_SECTION__KEY` variables onto the file's table. Values
-/// are read as TOML (numbers, booleans) and fall back to plain strings.
-fn apply_env(
-    table: &mut toml::Table,
-    env: impl IntoIterator<Item = (String, String)>,
-) -> Result<(), ConfigError> {
-    for (name, value) in env {
-        let Some(rest) = name.strip_prefix("COMPACTOR_") else {
-            continue;
-        };
-        // Variables the process uses for other purposes (cache folders of scripts, etc.) are
-        // not configuration; only names that map onto a known key are applied.
-        let path: Vec<String> = rest.split("__").map(|s| s.to_ascii_lowercase()).collect();
-        if !is_known_key(&path) {
-            continue;
-        }
-        let parsed = toml::from_str::<toml::Table>(&format!("v = {value}"))
-            .ok()
-            .and_then(|mut t| t.remove("v"))
-            .unwrap_or_else(|| toml::Value::String(value.clone()));
-        let mut slot = &mut *table;
-        for section in &path[..path.len() - 1] {
-            let entry = slot
-                .entry(section.clone())
-                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
-            slot = entry.as_table_mut().ok_or_else(|| {
-                ConfigError::Invalid(format!("{name}: `{section}` is not a section"))
-            })?;
-        }
-        let key = path[path.len() - 1].clone();
-        // A string-typed key given a value that TOML reads as a number stays a string.
-        let value = match (&parsed, is_string_key(&path)) {
-            (toml::Value::String(_), _) | (_, false) => parsed,
-            (_, true) => toml::Value::String(value),
-        };
-        slot.insert(key, value);
-    }
-    Ok(())
-}
-
-fn default_table() -> toml::Table {
-    toml::Table::try_from(Config::default()).unwrap_or_default()
-}
-
-fn key_value(path: &[String]) -> Option<toml::Value> {
-    let mut value = toml::Value::Table(default_table());
-    for part in path {
-        value = value.as_table()?.get(part)?.clone();
-    }
-    Some(value)
-}
-
-fn is_known_key(path: &[String]) -> bool {
-    key_value(path).is_some_and(|v| !v.is_table())
-}
-
-fn is_string_key(path: &[String]) -> bool {
-    key_value(path).is_some_and(|v| v.is_str())
 }
 
 #[cfg(test)]
