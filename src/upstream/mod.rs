@@ -1,10 +1,11 @@
 //! Talking to the provider: the only module that knows the HTTP client.
 //!
-//! The client is hyper's own pooled one (hyper-util's), with rustls for TLS (HTTP/2 where the
-//! provider offers it): a request crosses the fewest layers there are, which a proxy pays on
-//! every request (`benches/results/2026-12-03-floor.md`). Requests go out with the client's headers minus hop-by-hop ones (and with the configured key
-//! in place of the client's credentials, when there is one); responses come back as a status,
-//! headers and a byte stream that is never buffered. [`summarizer`] sends summary requests.
+//! The client is hyper's own pooled one (hyper-util's), with rustls for TLS and HTTP/2 where
+//! the provider offers it: a request crosses the fewest layers there are, which a proxy pays on
+//! every request (`benches/results/2026-12-03-floor.md`). Requests go out with the client's
+//! headers minus hop-by-hop ones (and with the configured key in place of the client's
+//! credentials, when there is one); responses come back as a status, headers and a byte stream
+//! that is never buffered. [`summarizer`] sends summary requests.
 
 pub mod summarizer;
 
@@ -144,9 +145,9 @@ impl Upstream {
             .enable_http1()
             .enable_http2()
             .wrap_connector(http);
-        // No redirects are followed (this client follows none): a redirect would carry the
-        // prompt and the credential headers (`api-key` and `x-api-key` included) to wherever the
-        // upstream points, so 3xx answers go back to the client instead.
+        // This client follows no redirects, as it must not: a redirect would carry the prompt and
+        // the credential headers (`api-key` and `x-api-key` included) to wherever the upstream
+        // points, so 3xx answers go back to the client.
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(90))
             .pool_timer(TokioTimer::new())
