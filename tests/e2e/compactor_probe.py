@@ -104,7 +104,8 @@ def main() -> int:
         ok = False
     if max_prompt < args.min_window_factor * args.window:
         print(f"[{name}] FAIL: the conversation never went past "
-              f"{args.min_window_factor} x the window ({max_prompt} < {args.window})")
+              f"{args.min_window_factor} x the window ({max_prompt} < "
+              f"{args.min_window_factor * args.window:.0f} tokens)")
         ok = False
     if failures:
         print(f"[{name}] FAIL: {len(failures)} compactions failed: {failures[:3]}")
