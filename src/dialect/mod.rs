@@ -50,6 +50,7 @@ pub mod media_parts;
 pub mod overflow;
 pub mod registry;
 pub mod responses;
+pub mod scan;
 pub mod splice;
 pub mod text;
 pub mod vocabulary;

@@ -215,7 +215,7 @@ impl MessagesRequest {
 }
 
 fn parse_message(raw: Box<RawValue>) -> Result<Message, String> {
-    let head = read::message_head(raw.get())?;
+    let head = read::message_head(&raw)?;
     if !head.object {
         return Err("expected an object".into());
     }

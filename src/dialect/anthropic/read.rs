@@ -1,9 +1,12 @@
-//! Reading one Messages message without building it: a single pass over its bytes that checks
-//! all of it as strictly as reading it into a [`serde_json::Value`] would (the same syntax,
-//! number range and nesting depth errors, at the same places), and keeps only what every request
-//! needs: the role, and each block's type and the ids it names. The blocks themselves are built
-//! from the bytes on first use ([`super::parse::Message::blocks`]); most requests never need
-//! them for messages seen before.
+//! Reading one Messages message without building it, keeping only what every request needs:
+//! the role, and each block's type and the ids it names. The blocks themselves are built from
+//! the bytes on first use ([`super::parse::Message::blocks`]); most requests never need them for
+//! messages seen before.
+//!
+//! A message is read as strictly as reading it into a [`serde_json::Value`] would (the same
+//! syntax, number range and nesting depth errors, at the same places). Most messages are
+//! [plain](scan::is_plain): the body's split has already checked all a value would, so their
+//! heads are found by skipping over their bytes. The rest are read in one exact pass.
 //!
 //! Repeated keys are read as a map reads them: the last value wins.
 
@@ -12,6 +15,9 @@ use std::fmt;
 
 use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use crate::dialect::scan;
 
 /// What a block is and which tool call it names, read when the request arrives.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -114,15 +120,88 @@ pub struct MessageHead {
     pub content: ContentField,
 }
 
-/// Reads `raw` (one message's bytes) in one pass; the error is serde_json's, worded as reading
-/// the message into a value words it.
-pub fn message_head(raw: &str) -> Result<MessageHead, String> {
+/// Reads `raw` (one message's bytes, as the body's split checked them): skipping over it
+/// ([`message_head_plain`]) where that is as strict as reading it into a value, else in one
+/// exact pass whose error is serde_json's, worded as reading the message into a value words it.
+pub fn message_head(raw: &RawValue) -> Result<MessageHead, String> {
+    if let Some(head) = message_head_plain(raw.get()) {
+        return Ok(head);
+    }
+    message_head_exact(raw.get())
+}
+
+fn message_head_exact(raw: &str) -> Result<MessageHead, String> {
     let mut reader = serde_json::Deserializer::from_str(raw);
     let head = MessageSeed
         .deserialize(&mut reader)
         .and_then(|head| reader.end().map(|()| head))
         .map_err(|e| e.to_string())?;
     Ok(head)
+}
+
+/// The head of a message found by skipping over its bytes, when nothing in it needs the exact
+/// pass: it is [plain](scan::is_plain) and repeats none of the keys read (the exact pass lets
+/// the last one win).
+fn message_head_plain(raw: &str) -> Option<MessageHead> {
+    if !scan::is_plain(raw) {
+        return None;
+    }
+    let [role, content] = match scan::top_level(raw, ["role", "content"]) {
+        Ok(fields) => fields,
+        Err(scan::Unreadable::NotObject) => return Some(MessageSeed.not_object()),
+        Err(scan::Unreadable::Repeated(_)) => return None,
+    };
+    let role = match role.map(scan::text) {
+        None => RoleField::Missing,
+        Some(Ok(Some(text))) => RoleField::Is(text.into_owned()),
+        Some(_) => RoleField::NotString,
+    };
+    let content = match content {
+        None => ContentField::Missing,
+        Some(content) => match content.as_bytes().first() {
+            Some(b'"') => ContentField::Text,
+            Some(b'[') => {
+                let blocks = scan::elements(content);
+                let mut heads = Vec::with_capacity(blocks.len());
+                for block in blocks {
+                    heads.push(block_head_plain(block)?);
+                }
+                ContentField::Blocks(heads)
+            }
+            _ => ContentField::Other,
+        },
+    };
+    Some(MessageHead {
+        object: true,
+        role,
+        content,
+    })
+}
+
+fn block_head_plain(raw: &str) -> Option<BlockHead> {
+    const READ: [&str; 6] = ["type", "id", "tool_use_id", "text", "name", "thinking"];
+    let [kind, id, tool_use_id, text, name, thinking] = match scan::top_level(raw, READ) {
+        Ok(fields) => fields,
+        Err(scan::Unreadable::NotObject) => return Some(BlockSeed.not_object()),
+        Err(scan::Unreadable::Repeated(_)) => return None,
+    };
+    let string = |value: Option<&str>| {
+        value
+            .and_then(|v| scan::text(v).ok().flatten())
+            .map(Cow::into_owned)
+    };
+    let is_string = |value: Option<&str>| value.is_some_and(|v| v.starts_with('"'));
+    Some(BlockHead {
+        kind: string(kind),
+        id: string(id),
+        tool_use_id: string(tool_use_id),
+        strings: Strings {
+            text: is_string(text),
+            name: is_string(name),
+            thinking: is_string(thinking),
+        },
+        object: true,
+    })
 }
 
 /// A key as read, borrowed when it has no escapes.
@@ -400,7 +479,90 @@ impl<'de> Visitor<'de> for BlockSeed {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::Value;
+    use proptest::prelude::*;
+    use serde_json::{json, Value};
+
+    /// What the split hands over: the message's bytes, checked as a raw value.
+    fn head(raw: &str) -> Result<MessageHead, String> {
+        message_head(&serde_json::from_str::<Box<RawValue>>(raw).unwrap())
+    }
+
+    #[test]
+    fn what_skipping_cannot_vouch_for_goes_to_the_exact_pass() {
+        let deep = format!(
+            r#"{{"role":"user","content":"x","d":{}{}}}"#,
+            "[".repeat(101),
+            "]".repeat(101)
+        );
+        for raw in [
+            r#"{"role":"user","content":"\ud83d\ude00"}"#,
+            r#"{"role":"user","content":"x","n":1.5E3}"#,
+            r#"{"role":"user","role":"assistant","content":"x"}"#,
+            r#"{"role":"user","content":[{"type":"text","type":"image"}]}"#,
+            &deep,
+        ] {
+            assert_eq!(message_head_plain(raw), None, "{raw}");
+            assert_eq!(head(raw), message_head_exact(raw), "{raw}");
+        }
+        let plain = r#"{"role":"user","content":[{"type":"text","text":"a \"b\" \\"},{"type":"tool_result","tool_use_id":"t1","content":[]}],"n":-12.5}"#;
+        assert!(message_head_plain(plain).is_some());
+        assert_eq!(head(plain), message_head_exact(plain));
+    }
+
+    /// A block as clients send them, or something else in a block's place.
+    fn block() -> impl Strategy<Value = Value> {
+        let text = "[a-z\"\\\\ é\n{}]{0,8}";
+        let scalar = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i32>().prop_map(Value::from),
+            text.prop_map(Value::from),
+        ];
+        let field = prop_oneof![
+            Just("type"),
+            Just("id"),
+            Just("tool_use_id"),
+            Just("text"),
+            Just("name"),
+            Just("thinking"),
+            Just("input"),
+        ];
+        prop_oneof![
+            4 => prop::collection::vec((field, scalar.clone()), 0..5)
+                .prop_map(|f| Value::Object(f.into_iter().map(|(k, v)| (k.to_string(), v)).collect())),
+            1 => scalar,
+        ]
+    }
+
+    proptest! {
+        /// Where skipping answers, it answers what the exact pass answers.
+        #[test]
+        fn the_plain_read_agrees_with_the_exact_one(
+            role in prop_oneof![Just(json!("user")), Just(json!("assistant")), Just(json!(3)), Just(Value::Null)],
+            content in prop_oneof![
+                "[a-z ]{0,8}".prop_map(Value::from),
+                prop::collection::vec(block(), 0..4).prop_map(Value::Array),
+                Just(json!({"a": 1})),
+                Just(Value::Null),
+            ],
+            has_role in any::<bool>(),
+            pretty in any::<bool>(),
+        ) {
+            let mut message = serde_json::Map::new();
+            if has_role {
+                message.insert("role".into(), role);
+            }
+            message.insert("content".into(), content);
+            let raw = if pretty {
+                serde_json::to_string_pretty(&message).unwrap()
+            } else {
+                serde_json::to_string(&message).unwrap()
+            };
+            let plain = message_head_plain(&raw);
+            prop_assert!(plain.is_some(), "{}", raw);
+            prop_assert_eq!(Ok(plain.unwrap()), message_head_exact(&raw), "{}", raw);
+        }
+    }
 
     /// The pass refuses exactly what reading into a value refuses, with the same words.
     #[test]
@@ -417,18 +579,18 @@ mod tests {
             &deep,
         ] {
             let by_value = serde_json::from_str::<Value>(raw).unwrap_err().to_string();
-            assert_eq!(message_head(raw).unwrap_err(), by_value, "{raw}");
+            assert_eq!(head(raw).unwrap_err(), by_value, "{raw}");
         }
     }
 
     #[test]
     fn keeps_the_role_and_each_block_head_last_key_winning() {
-        let head = message_head(
+        let message = head(
             r#"{"role":"assistant","role":"user","content":[{"type":"tool_use","id":"a","id":"b","name":"n","input":{}},7,{"type":5,"text":"t"}]}"#,
         )
         .unwrap();
-        assert_eq!(head.role, RoleField::Is("user".into()));
-        let ContentField::Blocks(blocks) = head.content else {
+        assert_eq!(message.role, RoleField::Is("user".into()));
+        let ContentField::Blocks(blocks) = message.content else {
             panic!("blocks expected");
         };
         assert_eq!(blocks[0].object_kind(), Some("tool_use"));
@@ -446,11 +608,11 @@ mod tests {
         {
             assert_eq!(&BlockHead::of(&serde_json::from_str(raw).unwrap()), block);
         }
-        let head = message_head(r#"{"role":3,"content":{"a":1}}"#).unwrap();
+        let read = head(r#"{"role":3,"content":{"a":1}}"#).unwrap();
         assert_eq!(
-            (head.role, head.content),
+            (read.role, read.content),
             (RoleField::NotString, ContentField::Other)
         );
-        assert!(!message_head("[1]").unwrap().object);
+        assert!(!head("[1]").unwrap().object);
     }
 }

@@ -5,13 +5,11 @@
 //! Messages and `tools` are never re-serialized: the rewritten body splices their original bytes,
 //! so what the client sent reaches the provider byte for byte.
 
-use std::borrow::Cow;
 use std::sync::OnceLock;
 
-use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use crate::dialect::splice;
+use crate::dialect::{scan, splice};
 use crate::dialect::{CallSettings, MessageView, RequestError, Role, MAX_OUTPUT_TOKENS};
 
 use super::view;
@@ -39,13 +37,6 @@ pub struct ChatRequest {
     /// Whether bodies written for the provider ask for it on the client's behalf
     /// ([`crate::dialect::WireRequest::ask_for_usage`]).
     pub(super) asks_for_usage: bool,
-}
-
-/// What every message is checked for when the request arrives.
-#[derive(Deserialize)]
-struct RawRole<'a> {
-    #[serde(borrow)]
-    role: Option<&'a RawValue>,
 }
 
 impl ChatRequest {
@@ -163,16 +154,18 @@ impl ChatRequest {
 }
 
 impl Message {
-    /// Checks that `raw` is a message object with a string role.
+    /// Checks that `raw` is a message object with a string role. `raw` has been validated by
+    /// the split, so the role is found by skipping over the message's bytes, not reading them.
     pub fn parse(raw: Box<RawValue>) -> Result<Message, String> {
-        if !raw.get().trim_start().starts_with('{') {
-            return Err("expected an object".into());
-        }
-        let parsed: RawRole = serde_json::from_str(raw.get()).map_err(|e| e.to_string())?;
-        let role = match parsed.role {
-            None => return Err("missing 'role'".into()),
-            Some(r) => serde_json::from_str::<Cow<str>>(r.get())
-                .map_err(|_| "'role' must be a string".to_string())?,
+        let role = match scan::top_level(raw.get(), ["role"]) {
+            Err(scan::Unreadable::NotObject) => return Err("expected an object".into()),
+            Err(scan::Unreadable::Repeated(key)) => return Err(format!("duplicate field `{key}`")),
+            Ok([None]) => return Err("missing 'role'".into()),
+            Ok([Some(role)]) => match scan::text(role) {
+                Ok(Some(role)) => role,
+                Ok(None) => return Err("missing 'role'".into()),
+                Err(scan::NotText) => return Err("'role' must be a string".into()),
+            },
         };
         Ok(Message {
             role: Role::parse(&role),

@@ -9,9 +9,7 @@
 
 use std::borrow::Cow;
 
-use serde::Deserialize;
-
-use crate::dialect::Role;
+use crate::dialect::{scan, Role};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
@@ -41,24 +39,21 @@ pub struct Item {
     pub call_id: Option<String>,
 }
 
-/// What an item is read for when the request arrives, borrowed from its bytes where they hold
-/// no escapes.
-#[derive(Deserialize)]
-struct ItemHead<'a> {
-    #[serde(rename = "type", default, borrow)]
-    kind: Option<Cow<'a, str>>,
-    #[serde(default, borrow)]
-    role: Option<Cow<'a, str>>,
-    #[serde(default, borrow)]
-    call_id: Option<Cow<'a, str>>,
-}
-
 impl Item {
     /// Reads an item; the error says what is wrong with it.
     pub fn parse(raw: Box<RawValue>) -> Result<Item, String> {
-        let head: ItemHead = serde_json::from_str(raw.get())
-            .map_err(|_| "an input item must be an object with a string `type`".to_string())?;
-        let kind = match (head.kind.as_deref(), head.role) {
+        // The split has validated the item: its head is found by skipping over its bytes.
+        let refused = || "an input item must be an object with a string `type`".to_string();
+        let [kind, role, call_id] =
+            scan::top_level(raw.get(), ["type", "role", "call_id"]).map_err(|_| refused())?;
+        let (Ok(kind), Ok(role), Ok(call_id)) = (
+            kind.map_or(Ok(None), scan::text),
+            role.map_or(Ok(None), scan::text),
+            call_id.map_or(Ok(None), scan::text),
+        ) else {
+            return Err(refused());
+        };
+        let kind = match (kind.as_deref(), role) {
             (Some("message") | None, Some(role)) => ItemKind::Message(role.into_owned()),
             (Some("message") | None, None) => return Err("a message needs a `role`".into()),
             (Some("reasoning"), _) => ItemKind::Reasoning,
@@ -68,10 +63,10 @@ impl Item {
             (Some(t), _) if t.ends_with("_call") && t != "web_search_call" => ItemKind::Call,
             (Some(t), _) => ItemKind::Other(t.to_string()),
         };
-        if matches!(kind, ItemKind::Output) && head.call_id.is_none() {
+        if matches!(kind, ItemKind::Output) && call_id.is_none() {
             return Err("a tool output needs a `call_id`".into());
         }
-        let call_id = head.call_id.map(Cow::into_owned);
+        let call_id = call_id.map(Cow::into_owned);
         Ok(Item { raw, kind, call_id })
     }
 
