@@ -48,14 +48,14 @@ pub fn top_level<'a, const N: usize>(
             _ => return Ok(found),
         }
         let key_end = skip_string(bytes, at);
-        let key = json.get(at..key_end).unwrap_or("");
+        let key = key_text(json.get(at..key_end).unwrap_or(""));
         at = skip_whitespace(bytes, key_end);
         if bytes.get(at) != Some(&b':') {
             return Ok(found);
         }
         let value_start = skip_whitespace(bytes, at + 1);
         let value_end = skip_value(bytes, value_start);
-        if let Some(slot) = wanted.iter().position(|w| key_is(key, w)) {
+        if let Some(slot) = wanted.iter().position(|w| key == *w) {
             if found[slot].is_some() {
                 return Err(Unreadable::Repeated(wanted[slot]));
             }
@@ -161,13 +161,13 @@ pub fn is_plain(json: &str) -> bool {
     true
 }
 
-/// Whether the JSON string `key` (quotes included) decodes to `wanted`.
-fn key_is(key: &str, wanted: &str) -> bool {
+/// The text of the JSON string `key` (quotes included), borrowed unless it holds escapes.
+fn key_text(key: &str) -> Cow<'_, str> {
     let inner = key.get(1..key.len().saturating_sub(1)).unwrap_or("");
     if !inner.contains('\\') {
-        return inner == wanted;
+        return Cow::Borrowed(inner);
     }
-    serde_json::from_str::<String>(key).is_ok_and(|k| k == wanted)
+    serde_json::from_str::<String>(key).map_or(Cow::Borrowed(""), Cow::Owned)
 }
 
 fn skip_whitespace(bytes: &[u8], mut at: usize) -> usize {
