@@ -109,6 +109,40 @@ pub struct SummarizerConfig {
     pub model: String,
     pub api_key_env: String,
     pub window: u64,
+    /// Whether a summary request continues the conversation it summarizes.
+    pub continue_conversation: ContinueConversation,
+}
+
+/// Whether a summary request is sent as a continuation of the conversation (its instructions,
+/// tools and messages as last forwarded, then one user message asking for the summary) rather
+/// than as a request of its own with a transcript. A provider that caches prompts then reads
+/// the conversation from its cache. Only a conversation's own provider can do this: with a
+/// summarizer of its own (`summarizer.upstream`) or another model (`summarizer.model`), every
+/// request is standalone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum ContinueConversation {
+    /// Toward the first-party APIs (OpenAI's, Anthropic's), which bill cached input at a
+    /// fraction; standalone toward every other upstream.
+    #[default]
+    Auto,
+    Always,
+    Never,
+}
+
+impl ContinueConversation {
+    /// Whether summary requests to `upstream` (whose first-party host is `first_party`)
+    /// continue the conversation.
+    pub fn applies_to(self, upstream: &str, first_party: &str) -> bool {
+        match self {
+            ContinueConversation::Always => true,
+            ContinueConversation::Never => false,
+            ContinueConversation::Auto => url::Url::parse(upstream)
+                .ok()
+                .and_then(|u| u.host_str().map(|h| h == first_party))
+                .unwrap_or(false),
+        }
+    }
 }
 
 /// The Responses API (`/v1/responses`).
@@ -441,6 +475,20 @@ impl Config {
         self.messages
             .context_management
             .emulates_for(&self.anthropic_upstream, "api.anthropic.com")
+    }
+
+    /// Whether summary requests continue the conversation, for chat and Responses
+    /// conversations (`.0`) and Messages ones (`.1`): never with a summarizer upstream of its
+    /// own, else as `summarizer.continue_conversation` says for each provider.
+    pub fn summaries_continue(&self) -> (bool, bool) {
+        if !self.summarizer.upstream.is_empty() {
+            return (false, false);
+        }
+        let mode = self.summarizer.continue_conversation;
+        (
+            mode.applies_to(&self.upstream, "api.openai.com"),
+            mode.applies_to(&self.anthropic_upstream, "api.anthropic.com"),
+        )
     }
 }
 

@@ -67,6 +67,7 @@ pub struct Metrics {
     pub summaries_in_progress: Gauge,
     pub summary_requests: Counter,
     pub summaries_refused: Family<ResultLabel, Counter>,
+    pub summary_continuations: Family<ResultLabel, Counter>,
     pub summary_slot_waits: Counter,
     pub tokens_saved: Counter,
     pub checkpoint_lookups: Family<ResultLabel, Counter>,
@@ -139,6 +140,13 @@ impl Default for Metrics {
             "summaries_refused",
             "Summaries not attempted, by reason (span_too_large)",
             summaries_refused.clone(),
+        );
+        let summary_continuations = Family::<ResultLabel, Counter>::default();
+        registry.register(
+            "summary_continuations",
+            "Summary requests sent as a continuation of the conversation, by result (used, or \
+             fell_back to a standalone request)",
+            summary_continuations.clone(),
         );
         let summary_slot_waits = Counter::default();
         registry.register(
@@ -228,6 +236,7 @@ impl Default for Metrics {
             summaries_in_progress,
             summary_requests,
             summaries_refused,
+            summary_continuations,
             summary_slot_waits,
             tokens_saved,
             checkpoint_lookups,

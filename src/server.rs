@@ -94,15 +94,16 @@ pub async fn build_with_store(
     )?;
     let telemetry = Telemetry::from_config(&config.telemetry)?;
     let metrics = Arc::new(Metrics::default());
+    let (openai_continues, anthropic_continues) = config.summaries_continue();
     store.count_absorbed_errors(metrics.store_errors.clone());
     let parts = Parts {
         store,
         meter: Meter::new(METER_CACHE_MESSAGES),
         windows: WindowTable::new(&config.windows, config.default_window),
-        summary_writer: Arc::new(HttpSummarizer::new(
-            summary_upstream.clone(),
-            Arc::new(Chat),
-        )),
+        summary_writer: Arc::new(
+            HttpSummarizer::new(summary_upstream.clone(), Arc::new(Chat))
+                .continuing(openai_continues),
+        ),
         metrics: metrics.clone(),
     };
     let mut engine = Engine::new(config.compaction.clone(), config.summarizer.clone(), parts);
@@ -112,14 +113,17 @@ pub async fn build_with_store(
         engine = engine
             .with_summarizer_for(
                 Messages.name(),
-                Arc::new(HttpSummarizer::new(
-                    anthropic_upstream.clone(),
-                    Arc::new(Messages),
-                )),
+                Arc::new(
+                    HttpSummarizer::new(anthropic_upstream.clone(), Arc::new(Messages))
+                        .continuing(anthropic_continues),
+                ),
             )
             .with_summarizer_for(
                 Responses.name(),
-                Arc::new(HttpSummarizer::new(summary_upstream, Arc::new(Responses))),
+                Arc::new(
+                    HttpSummarizer::new(summary_upstream, Arc::new(Responses))
+                        .continuing(openai_continues),
+                ),
             );
     }
     let engine = Arc::new(engine);

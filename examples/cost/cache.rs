@@ -46,6 +46,23 @@ pub struct PromptCache {
 }
 
 impl PromptCache {
+    /// Looks `blocks` up without remembering them: a prompt sent beside another, which neither
+    /// reads from the other.
+    pub fn peek(&self, blocks: &[Block]) -> Hit {
+        let mut chain = DefaultHasher::new();
+        let mut hit = Hit::default();
+        let mut matching = true;
+        for block in blocks {
+            block.key.hash(&mut chain);
+            matching = matching && self.prefixes.contains(&chain.finish());
+            if matching {
+                hit.shared += block.tokens;
+            }
+            hit.total += block.tokens;
+        }
+        hit
+    }
+
     /// Looks `blocks` up and remembers every prefix of it.
     pub fn send(&mut self, blocks: &[Block]) -> Hit {
         let mut chain = DefaultHasher::new();
@@ -125,8 +142,9 @@ pub enum Provider {
 pub enum Breakpoint {
     /// The client's requests (coding agents mark the newest message).
     AtEnd,
-    /// Compactor's summary requests, which carry no `cache_control`: nothing is read or
-    /// written at Anthropic, all is fresh input.
+    /// Compactor's standalone summary requests, which carry no `cache_control`: nothing is
+    /// read or written at Anthropic, all is fresh input. (A continuation of the conversation
+    /// marks its closing message: [`Breakpoint::AtEnd`].)
     None,
 }
 

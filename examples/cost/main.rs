@@ -34,6 +34,16 @@ struct Args {
     /// `compaction.clear_min_share` for the replays through Compactor (the default's otherwise).
     #[arg(long)]
     clear_min_share: Option<f64>,
+    /// How summary requests are sent: `continuation` of the conversation's cached prompt, or
+    /// `standalone` (their own system prompt and a transcript).
+    #[arg(long, value_enum, default_value_t = Summaries::Continuation)]
+    summaries: Summaries,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Summaries {
+    Continuation,
+    Standalone,
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -45,6 +55,7 @@ async fn main() -> Result<(), String> {
             ..Default::default()
         });
     }
+    run::set_standalone_summaries(args.summaries == Summaries::Standalone);
     let mut table = String::new();
     if !args.label.is_empty() {
         writeln!(table, "### {}\n", args.label).unwrap();

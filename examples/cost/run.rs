@@ -58,9 +58,34 @@ pub struct Bill {
 /// A summarizer that writes [`SUMMARY_TOKENS`] and keeps what it was sent.
 #[derive(Default)]
 struct Writer {
-    running: AtomicU64,
     written: AtomicU64,
-    sent: Mutex<Vec<(String, u64)>>,
+    /// Whether the engine may ask it for summaries that continue the conversation.
+    continues: bool,
+    sent: Mutex<Vec<SentSummary>>,
+}
+
+/// One summary request as the writer received it.
+struct SentSummary {
+    /// A standalone request's system prompt and user message.
+    prompt: String,
+    /// A continuation's conversation body and closing user message.
+    continued: Option<(Vec<u8>, String)>,
+    output: u64,
+}
+
+/// Whether summary requests continue the conversation (the default) or stand alone.
+static STANDALONE: OnceLock<bool> = OnceLock::new();
+
+/// Makes every later replay's summary requests standalone (once, before the first).
+pub fn set_standalone_summaries(standalone: bool) {
+    let _ = STANDALONE.set(standalone);
+}
+
+fn writer() -> Arc<Writer> {
+    Arc::new(Writer {
+        continues: !STANDALONE.get().copied().unwrap_or(false),
+        ..Writer::default()
+    })
 }
 
 #[async_trait::async_trait]
@@ -70,15 +95,39 @@ impl Summarizer for Writer {
         request: &SummaryRequest<'_>,
         _credentials: &http::HeaderMap,
     ) -> Result<String, SummarizerError> {
-        self.running.fetch_add(1, Ordering::SeqCst);
         let n = self.written.fetch_add(1, Ordering::SeqCst);
         let words = SUMMARY_TOKENS.min(request.max_tokens);
         let text: String = (0..words).map(|i| format!(" s{n}w{}", i % 7)).collect();
-        let prompt = format!("{}\n{}", request.system, request.user);
-        self.sent.lock().unwrap().push((prompt, words));
-        self.running.fetch_sub(1, Ordering::SeqCst);
+        let sent = SentSummary {
+            prompt: format!("{}\n{}", request.system, request.user),
+            continued: request
+                .conversation
+                .map(|body| (body.to_vec(), request.user.to_string())),
+            output: words,
+        };
+        self.sent.lock().unwrap().push(sent);
         Ok(text)
     }
+
+    fn continues_conversations(&self) -> bool {
+        self.continues
+    }
+}
+
+/// A continuation's prompt as cache blocks: the conversation's, then its closing message.
+fn continuation_blocks(
+    body: &[u8],
+    user: &str,
+    meter: &Meter,
+    encoding: Encoding,
+) -> Result<Vec<Block>, String> {
+    let conversation = ChatRequest::parse(body).map_err(|e| e.to_string())?;
+    let mut blocks = blocks_of(&meter.measure(&conversation));
+    blocks.push(Block {
+        key: cache::key_of(&("summary request", user)),
+        tokens: encoding.count(user) + 4,
+    });
+    Ok(blocks)
 }
 
 /// Replays `body` (a chat request holding the whole session) the given way.
@@ -87,7 +136,7 @@ pub async fn replay(body: &Value, way: Way) -> Result<Bill, String> {
     let model = body["model"].as_str().unwrap_or_default().to_string();
     let encoding = Encoding::for_model(&model);
     let meter = Meter::new(100_000);
-    let writer = Arc::new(Writer::default());
+    let writer = writer();
     let metrics = Arc::new(Metrics::default());
     let engine = match way {
         Way::Straight => None,
@@ -111,6 +160,7 @@ pub async fn replay(body: &Value, way: Way) -> Result<Bill, String> {
     let mut bill = Bill::default();
     let mut caches = [PromptCache::default(), PromptCache::default()];
     let mut ready_served = BTreeSet::new();
+    let mut standalone = Vec::new();
     for (n, &end) in ends.iter().enumerate() {
         let request: Arc<dyn WireRequest> = Arc::new(parse(body, &messages[..end])?);
         bill.requests += 1;
@@ -119,6 +169,7 @@ pub async fn replay(body: &Value, way: Way) -> Result<Bill, String> {
         let output = messages
             .get(end)
             .map_or(0, |m| encoding.count(&m["content"].to_string()));
+        let mut beside = Vec::new();
         let blocks = match &engine {
             None => blocks_of(&meter.measure(request.as_ref())),
             Some(engine) => {
@@ -131,7 +182,22 @@ pub async fn replay(body: &Value, way: Way) -> Result<Bill, String> {
                 if prepared.outcome.ready_checkpoint_used && !prepared.outcome.summarized {
                     ready_served.insert(prepared.outcome.checkpoint_id.clone());
                 }
-                settle(&writer).await;
+                settle(engine).await;
+                if !matches!(way, Way::Naive(_)) {
+                    // The summaries this request started, billed before its own prompt: a
+                    // summary made for it runs before it is forwarded, one made ahead of time
+                    // beside it (the provider has not cached it yet).
+                    let new: Vec<SentSummary> = writer.sent.lock().unwrap().drain(..).collect();
+                    for summary in new {
+                        beside.extend(bill_summary(
+                            &mut bill,
+                            (&caches, &mut standalone),
+                            summary,
+                            &meter,
+                            encoding,
+                        )?);
+                    }
+                }
                 match way {
                     Way::Naive(_) if prepared.outcome.compacted => {
                         naive_summary(&mut bill, &measured, &request, &meter);
@@ -145,14 +211,28 @@ pub async fn replay(body: &Value, way: Way) -> Result<Bill, String> {
             let hit = caches[i].send(&blocks);
             let usage = cache::usage(provider, hit, Breakpoint::AtEnd, output);
             bill.prompts[i].add(Tokens::from_usage(provider, &usage));
+            for blocks in &beside {
+                caches[i].send(blocks);
+            }
         }
     }
-    if !matches!(way, Way::Naive(_)) {
-        let sent = std::mem::take(&mut *writer.sent.lock().unwrap());
-        bill.summary_requests = sent.len() as u64;
+    if let (Some(engine), false) = (&engine, matches!(way, Way::Naive(_))) {
+        settle(engine).await;
+        let late: Vec<SentSummary> = writer.sent.lock().unwrap().drain(..).collect();
+        for summary in late {
+            bill_summary(
+                &mut bill,
+                (&caches, &mut standalone),
+                summary,
+                &meter,
+                encoding,
+            )?;
+        }
+        // Standalone summary requests share no prefix with the conversation: each is cached
+        // only against the earlier ones.
         for (i, provider) in providers().enumerate() {
             let mut cache = TextCache::new(encoding);
-            for (prompt, out) in &sent {
+            for (prompt, out) in &standalone {
                 let hit = cache.send(prompt.clone());
                 let usage = cache::usage(provider, hit, Breakpoint::None, *out);
                 bill.summaries[i].add(Tokens::from_usage(provider, &usage));
@@ -181,18 +261,44 @@ pub async fn replay(body: &Value, way: Way) -> Result<Bill, String> {
     Ok(bill)
 }
 
+/// Bills one summary request: a continuation through the conversation's own caches as they
+/// were before the request it was made for or beside (it reads what the earlier prompts wrote,
+/// and its closing message carries a breakpoint; that request, sent before it is written or at
+/// the same time, reads nothing of it), a standalone one kept for the summarizer's own cache.
+/// Returns a continuation's blocks, for the caches to remember once that request is sent.
+fn bill_summary(
+    bill: &mut Bill,
+    (caches, standalone): (&[PromptCache; 2], &mut Vec<(String, u64)>),
+    summary: SentSummary,
+    meter: &Meter,
+    encoding: Encoding,
+) -> Result<Option<Vec<Block>>, String> {
+    bill.summary_requests += 1;
+    let Some((body, user)) = summary.continued else {
+        standalone.push((summary.prompt, summary.output));
+        return Ok(None);
+    };
+    let blocks = continuation_blocks(&body, &user, meter, encoding)?;
+    for (i, provider) in providers().enumerate() {
+        let hit = caches[i].peek(&blocks);
+        let usage = cache::usage(provider, hit, Breakpoint::AtEnd, summary.output);
+        bill.summaries[i].add(Tokens::from_usage(provider, &usage));
+    }
+    Ok(Some(blocks))
+}
+
 fn providers() -> impl Iterator<Item = Provider> {
     cache::PRICES.iter().map(|p| p.provider)
 }
 
 /// Waits for background summaries to finish and be stored: the agent's own work between
-/// requests gives them that time.
-async fn settle(writer: &Writer) {
-    tokio::time::sleep(Duration::from_millis(2)).await;
-    while writer.running.load(Ordering::SeqCst) > 0 {
-        tokio::time::sleep(Duration::from_millis(2)).await;
+/// requests gives them that time. Waiting on the engine's own tasks, not a clock, makes each
+/// replay the same from one run to the next.
+async fn settle(engine: &Engine) {
+    tokio::task::yield_now().await;
+    while engine.background_summaries() > 0 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
     }
-    tokio::time::sleep(Duration::from_millis(2)).await;
 }
 
 /// The tools, then each message, as cache blocks.
@@ -286,7 +392,7 @@ pub async fn one_shots(
     let messages = body["messages"].as_array().ok_or("no messages")?.clone();
     let model = body["model"].as_str().unwrap_or_default().to_string();
     let meter = Meter::new(100_000);
-    let writer = Arc::new(Writer::default());
+    let writer = writer();
     let metrics = Arc::new(Metrics::default());
     let engine = engine(&model, window, writer.clone(), metrics.clone());
     let mut sent = 0;
@@ -316,15 +422,25 @@ pub async fn one_shots(
             .prepare(&context, &request)
             .await
             .map_err(|e| e.to_string())?;
-        settle(&writer).await;
+        settle(&engine).await;
         sent += 1;
     }
     let written = std::mem::take(&mut *writer.sent.lock().unwrap());
     let mut tokens = Tokens::default();
-    for (prompt, out) in &written {
+    let encoding = Encoding::for_model(&model);
+    for summary in &written {
+        // Billed as fresh input either way: nothing of a one-shot conversation is cached when
+        // its summary is asked beside its only request.
+        let fresh = match &summary.continued {
+            None => encoding.count(&summary.prompt),
+            Some((body, user)) => continuation_blocks(body, user, &meter, encoding)?
+                .iter()
+                .map(|b| b.tokens)
+                .sum(),
+        };
         tokens.add(Tokens {
-            fresh: Encoding::for_model(&model).count(prompt),
-            output: *out,
+            fresh,
+            output: summary.output,
             ..Tokens::default()
         });
     }

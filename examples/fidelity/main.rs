@@ -644,5 +644,6 @@ fn request_body(
         system: style.system_prompt(),
         user: &user,
         max_tokens,
+        conversation: None,
     })
 }

@@ -196,6 +196,12 @@ impl Engine {
         self.draining.load(Ordering::SeqCst)
     }
 
+    /// Summaries running in tasks of their own now (ahead of time, or under a lease), until
+    /// each is stored or given up.
+    pub fn background_summaries(&self) -> usize {
+        self.tasks.len()
+    }
+
     /// Resolves once no summary runs in a task of its own (call after [`Engine::drain`]).
     pub async fn summaries_finished(&self) {
         self.tasks.close();

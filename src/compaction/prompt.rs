@@ -143,7 +143,15 @@ pub fn clean_answer(answer: &str) -> String {
     for tag in MARKUP {
         text = text.replace(tag, "");
     }
-    let instructions = [FIRST, UPDATE, OUTLINE_TASK, OUTLINE_UPDATE, OUTLINE_SYSTEM];
+    let instructions = [
+        FIRST,
+        UPDATE,
+        OUTLINE_TASK,
+        OUTLINE_UPDATE,
+        OUTLINE_SYSTEM,
+        CONTINUATION,
+        CONTINUATION_UPDATE,
+    ];
     let echoed = |line: &str| {
         let line = line.trim();
         line == "Headings:"
@@ -239,6 +247,42 @@ pub fn user_prompt(
     if style.wording == Wording::Outline {
         user.push_str("\n\nHeadings:\n");
         user.push_str(OUTLINE_HEADINGS);
+    }
+    user
+}
+
+/// The request's closing instructions when it continues the conversation instead of
+/// quoting it: the work stops, and the model summarizes what it sees above.
+const CONTINUATION: &str = "Stop the work here: do not answer the last message, do not \
+continue the task and do not call any tool. This conversation is about to be replaced by a \
+summary of it. Write that summary, so that an AI coding assistant can continue the same work \
+from the summary alone.";
+/// Added when the conversation above opens with an earlier summary.
+const CONTINUATION_UPDATE: &str = "The conversation above opens with a summary of its earlier \
+turns: keep what still matters from it, and add what the turns after it show.";
+
+/// The one user message of a summary request that continues the conversation: what to do,
+/// the headings of [`SYSTEM_PROMPT`], the budget and any additional instructions.
+pub fn continuation_prompt(previous: bool, instructions: &[&str], max_tokens: u64) -> String {
+    let mut user = String::from(CONTINUATION);
+    if previous {
+        user.push(' ');
+        user.push_str(CONTINUATION_UPDATE);
+    }
+    // The headings and what each holds: the system prompt after its first paragraph (which
+    // speaks of a transcript).
+    let guide = SYSTEM_PROMPT
+        .split_once("\n\n")
+        .map_or(SYSTEM_PROMPT, |(_, rest)| rest);
+    user.push_str("\n\n");
+    user.push_str(guide);
+    let words = max_tokens * 3 / 5;
+    user.push_str(&format!(
+        " Keep the whole summary under {words} words so that every section is complete."
+    ));
+    for extra in instructions.iter().filter(|s| !s.trim().is_empty()) {
+        user.push_str("\n\nAdditional instructions: ");
+        user.push_str(extra.trim());
     }
     user
 }

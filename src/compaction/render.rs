@@ -3,7 +3,7 @@
 //! under a marker ([`Engine::fallback`]).
 
 use crate::dialect::edits::{ClearedResult, Clearing};
-use crate::dialect::{Role, Through};
+use crate::dialect::{Role, Through, WireRequest};
 use crate::store::{Checkpoint, Cleared};
 use crate::tokenizer::REPLY_PRIMING;
 
@@ -26,6 +26,31 @@ fn clearing_of(cleared: &Cleared) -> Clearing {
             .collect(),
         ..Clearing::default()
     }
+}
+
+/// `request`'s body through `checkpoint` (whose summary message says `text`), with the tool
+/// results it clears stubbed; `tokens` are the request's element counts.
+pub(super) fn render_through(
+    request: &dyn WireRequest,
+    tokens: &[u64],
+    checkpoint: &Checkpoint,
+    text: &str,
+    merge_into_user: bool,
+) -> Vec<u8> {
+    let cleared = checkpoint
+        .cleared
+        .as_ref()
+        .and_then(|cleared| request.cleared_copy(&clearing_of(cleared)));
+    let request = cleared.as_deref().unwrap_or(request);
+    if checkpoint.covered == 0 {
+        return request.original_body();
+    }
+    request.render(&Through {
+        checkpoint,
+        tokens,
+        merge_into_user,
+        text,
+    })
 }
 
 impl Engine {
@@ -63,20 +88,13 @@ impl Engine {
         text: &str,
         merge_into_user: bool,
     ) -> Vec<u8> {
-        let cleared = checkpoint
-            .cleared
-            .as_ref()
-            .and_then(|cleared| conversation.request.cleared_copy(&clearing_of(cleared)));
-        let request = cleared.as_deref().unwrap_or(conversation.request.as_ref());
-        if checkpoint.covered == 0 {
-            return request.original_body();
-        }
-        request.render(&Through {
+        render_through(
+            conversation.request.as_ref(),
+            &conversation.message_tokens,
             checkpoint,
-            tokens: &conversation.message_tokens,
-            merge_into_user,
             text,
-        })
+            merge_into_user,
+        )
     }
 
     /// Serves a request without a new summary: through the checkpoint it already had if that

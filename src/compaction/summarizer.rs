@@ -31,6 +31,13 @@ pub trait Summarizer: Send + Sync + 'static {
         request: &SummaryRequest<'_>,
         credentials: &HeaderMap,
     ) -> Result<String, SummarizerError>;
+
+    /// Whether requests to this summarizer may continue the conversation they summarize
+    /// ([`SummaryRequest::conversation`]): it is the conversation's own provider, and that
+    /// provider reads a repeated prefix from its cache.
+    fn continues_conversations(&self) -> bool {
+        false
+    }
 }
 
 /// An error and its causes, `: `-separated, for a log field.

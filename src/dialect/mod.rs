@@ -261,6 +261,15 @@ pub trait WireRequest: Send + Sync {
         None
     }
 
+    /// A copy of the request holding only its first `end` elements, everything else in place:
+    /// the conversation as it stood when it reached `end`, rendered like any request (what a
+    /// summary request that continues the conversation is built from). `None` for a format
+    /// that cannot be cut.
+    fn prefix_copy(&self, end: usize) -> Option<Box<dyn WireRequest>> {
+        let _ = end;
+        None
+    }
+
     /// The body as the client sent it (asking for usage if [`WireRequest::ask_for_usage`] did).
     fn original_body(&self) -> Vec<u8>;
 
@@ -287,14 +296,58 @@ pub struct Through<'a> {
 }
 
 /// A summary request, whatever its format.
+///
+/// Standalone (`conversation` is `None`): the summarizer's own system prompt and one user
+/// message holding the transcript. As a continuation: `conversation` is a body of the
+/// conversation's own format, as it was last sent upstream and cut where the span to summarize
+/// ends; the request is that body with `user` as one more user message (and `system` unused),
+/// so a provider that caches prompts reads everything before it from its cache instead of
+/// billing it as fresh input.
 #[derive(Debug, Clone, Copy)]
 pub struct SummaryRequest<'a> {
     pub model: &'a str,
     /// The summarizer's system prompt.
     pub system: &'a str,
-    /// The user message: previous summary, transcript, instructions.
+    /// The user message: previous summary, transcript, instructions (or, continuing, the
+    /// instructions alone).
     pub user: &'a str,
     pub max_tokens: u64,
+    /// The conversation the request continues, if it does.
+    pub conversation: Option<&'a [u8]>,
+}
+
+impl SummaryRequest<'_> {
+    /// The continuation's body: `conversation` parsed, its `array` of elements extended by
+    /// `message`, the output budget written into the first of `budget_fields` the body has
+    /// (the last when it has none; the others removed, so a client's `max_completion_tokens`
+    /// does not contradict it), asked whole rather than streamed, and the fields in `dropped`
+    /// removed (what would change the answer's shape or make the provider act on the request
+    /// itself). `None` when the conversation is not a JSON object with that array.
+    pub fn continuation(
+        &self,
+        array: &str,
+        message: serde_json::Value,
+        budget_fields: &[&str],
+        dropped: &[&str],
+    ) -> Option<serde_json::Value> {
+        let mut body: serde_json::Value = serde_json::from_slice(self.conversation?).ok()?;
+        let fields = body.as_object_mut()?;
+        fields.get_mut(array)?.as_array_mut()?.push(message);
+        let field = budget_fields
+            .iter()
+            .copied()
+            .find(|f| fields.contains_key(*f))
+            .or(budget_fields.last().copied())?;
+        for other in budget_fields.iter().filter(|f| **f != field) {
+            fields.remove(*other);
+        }
+        fields.insert(field.to_string(), self.max_tokens.into());
+        fields.insert("stream".to_string(), false.into());
+        for name in dropped {
+            fields.remove(*name);
+        }
+        Some(body)
+    }
 }
 
 /// An error the proxy answers itself, before or instead of the provider.

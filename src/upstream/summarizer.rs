@@ -16,11 +16,23 @@ const ANSWER_LIMIT: usize = 8 * 1024 * 1024;
 pub struct HttpSummarizer {
     upstream: Upstream,
     dialect: Arc<dyn Dialect>,
+    continues: bool,
 }
 
 impl HttpSummarizer {
     pub fn new(upstream: Upstream, dialect: Arc<dyn Dialect>) -> HttpSummarizer {
-        HttpSummarizer { upstream, dialect }
+        HttpSummarizer {
+            upstream,
+            dialect,
+            continues: false,
+        }
+    }
+
+    /// Lets summary requests continue the conversation they summarize (the upstream is the
+    /// conversation's own provider).
+    pub fn continuing(mut self, continues: bool) -> HttpSummarizer {
+        self.continues = continues;
+        self
     }
 }
 
@@ -70,5 +82,9 @@ impl Summarizer for HttpSummarizer {
             });
         }
         Ok(self.dialect.summary_answer(&body)?)
+    }
+
+    fn continues_conversations(&self) -> bool {
+        self.continues
     }
 }

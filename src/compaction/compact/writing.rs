@@ -4,12 +4,13 @@
 //! attached to the model's text at the end. A summarizer that refuses a chunk as too long
 //! teaches its window, and the span is written once more in smaller chunks.
 
+use super::super::render::render_through;
 use super::super::summarizer::SummarizerError;
 use super::super::{prompt, record, Engine, SentCount, SummaryError};
 use super::{Fold, Progress};
 use crate::dialect::SummaryRequest;
 use crate::measure::calibration::Correction;
-use crate::tokenizer::Encoding;
+use crate::tokenizer::{Encoding, REPLY_PRIMING};
 
 use super::super::conversation::Conversation;
 
@@ -24,6 +25,12 @@ impl Engine {
             return Err(SummaryError::Nothing);
         }
         let model = self.summary_model(conversation);
+        if let Some(summary) = self
+            .write_summary_continuing(conversation, &fold, &model)
+            .await?
+        {
+            return Ok(summary);
+        }
         // A summarizer that refuses a chunk as too long teaches its window (or, configured, has
         // it halved for this span), and the span is summarized once more in smaller chunks.
         let mut shrink = 1;
@@ -59,6 +66,108 @@ impl Engine {
                 other => return other,
             }
         }
+    }
+
+    /// The summary asked as a continuation of the conversation: the request as it was last
+    /// forwarded (through `fold.base`), cut where the span ends, and one user message asking
+    /// for the summary. Its provider reads that prefix from its prompt cache, where the
+    /// standalone request pays its transcript as fresh input. `Ok(None)` when the summarizer
+    /// cannot be asked so (another provider or model, a format that cannot be cut, a prefix
+    /// that would not fit its window) or its answer cannot be used (an error, no text): the
+    /// standalone request is written then. Only running out of time is an error.
+    async fn write_summary_continuing(
+        &self,
+        conversation: &Conversation,
+        fold: &Fold<'_>,
+        model: &str,
+    ) -> Result<Option<String>, SummaryError> {
+        let request = &conversation.request;
+        let summarizer = self.summarizer_for(request.dialect());
+        if !summarizer.continues_conversations() || model != request.model() {
+            return Ok(None);
+        }
+        let end = fold.plan.cut.min(request.len());
+        let Some(prefix) = request.prefix_copy(end) else {
+            return Ok(None);
+        };
+        // The conversation's own model: its window is the conversation's.
+        let window = conversation.window;
+        let allowance = self.summary_allowance(window);
+        let max_tokens = record::model_allowance(allowance);
+        let encoding = Encoding::for_model(model);
+        let previous = fold.base.map(|b| self.summary_text(b));
+        // What the prefix costs, counted as the forwarded request was: its head, the previous
+        // summary, and every element before `end` that the base did not replace.
+        let covered = fold.base.map_or(0, |b| b.covered.min(end));
+        let pinned = fold.base.and_then(|b| b.pinned_user);
+        let elements: u64 = (0..end)
+            .filter(|&i| {
+                i >= covered || conversation.roles[i].is_instruction() || Some(i) == pinned
+            })
+            .map(|i| conversation.message_tokens[i])
+            .sum();
+        let instructions: Vec<&str> = [
+            self.config.instructions.as_str(),
+            conversation.context.instructions.as_deref().unwrap_or(""),
+        ]
+        .into_iter()
+        .collect();
+        let user = prompt::continuation_prompt(previous.is_some(), &instructions, max_tokens);
+        let prompt_tokens = conversation.measured.head_tokens
+            + elements
+            + previous.as_deref().map_or(0, |p| encoding.count(p))
+            + encoding.count(&user)
+            + REPLY_PRIMING;
+        let room = window.saturating_sub(self.config.margin_tokens.min(window / 16));
+        if conversation.correction.apply(prompt_tokens) + max_tokens > room {
+            return Ok(None);
+        }
+        let body = match fold.base {
+            Some(base) => render_through(
+                prefix.as_ref(),
+                &conversation.message_tokens,
+                base,
+                previous.as_deref().unwrap_or_default(),
+                self.config.merge_summary_into_user,
+            ),
+            None => prefix.original_body(),
+        };
+        let summary_request = SummaryRequest {
+            model,
+            system: "",
+            user: &user,
+            max_tokens,
+            conversation: Some(&body),
+        };
+        self.metrics.summary_requests.inc();
+        let answer = summarizer
+            .summarize(&summary_request, &conversation.context.credentials)
+            .await;
+        let text = match answer {
+            Ok(answer) => prompt::clean_answer(&answer),
+            Err(SummarizerError::Timeout) => {
+                return Err(SummaryError::Summarizer(SummarizerError::Timeout))
+            }
+            Err(error) => {
+                tracing::warn!(
+                    cause = %super::super::summarizer::with_causes(&error),
+                    "A summary asked as a continuation of the conversation failed; asking for it on its own."
+                );
+                String::new()
+            }
+        };
+        let result = if text.is_empty() { "fell_back" } else { "used" };
+        self.metrics
+            .summary_continuations
+            .get_or_create(&crate::metrics::ResultLabel { result })
+            .inc();
+        if text.is_empty() {
+            return Ok(None);
+        }
+        let previous = fold.base.map(|b| b.summary.as_str());
+        Ok(Some(record::attach(
+            &text, fold.views, previous, encoding, allowance,
+        )))
     }
 
     /// [`Engine::write_summary`] with the summarizer's window divided by `shrink`.
@@ -144,6 +253,7 @@ impl Engine {
                 system: style.system_prompt(),
                 user: &user,
                 max_tokens,
+                conversation: None,
             };
             self.metrics.summary_requests.inc();
             let answer = self

@@ -104,6 +104,9 @@ impl Dialect for Messages {
     }
 
     fn summary_request(&self, request: &SummaryRequest<'_>) -> Value {
+        if let Some(body) = wire::continuation_request(request) {
+            return body;
+        }
         wire::summary_request(
             request.model,
             request.system,
@@ -266,6 +269,12 @@ impl WireRequest for MessagesRequest {
     fn cleared_copy(&self, clearing: &Clearing) -> Option<Box<dyn WireRequest>> {
         let mut copy = self.clone();
         copy.apply_clearing(clearing);
+        Some(Box::new(copy))
+    }
+
+    fn prefix_copy(&self, end: usize) -> Option<Box<dyn WireRequest>> {
+        let mut copy = self.clone();
+        copy.messages.truncate(end);
         Some(Box::new(copy))
     }
 

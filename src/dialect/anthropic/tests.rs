@@ -214,6 +214,7 @@ fn summary_requests_are_messages_requests() {
         system: "summarize",
         user: "<transcript>",
         max_tokens: 128,
+        conversation: None,
     });
     assert_eq!(body["system"], "summarize");
     assert_eq!(
@@ -224,6 +225,60 @@ fn summary_requests_are_messages_requests() {
     let answer = br###"{"type":"message","content":[{"type":"text","text":" ## Goal\nx "}],"stop_reason":"end_turn"}"###;
     assert_eq!(Messages.summary_answer(answer).unwrap(), "## Goal\nx");
     assert!(Messages.summary_answer(b"{\"content\":[]}").is_err());
+}
+
+#[test]
+fn a_continuation_marks_its_instructions_for_the_cache_and_asks_for_text() {
+    let conversation = |extra: &str| {
+        format!(
+            r#"{{"model":"m","stream":true,"max_tokens":32000,"system":"rules",
+            "tools":[{{"name":"read","input_schema":{{}}}}],"tool_choice":{{"type":"any"}},
+            "context_management":{{"edits":[]}}{extra},
+            "messages":[{{"role":"user","content":"hi"}},{{"role":"assistant","content":"hello"}}]}}"#
+        )
+    };
+    let ask = |body: &str| {
+        Messages.summary_request(&SummaryRequest {
+            model: "m",
+            system: "unused",
+            user: "summarize it",
+            max_tokens: 700,
+            conversation: Some(body.as_bytes()),
+        })
+    };
+    let body = ask(&conversation(""));
+    let messages = body["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 3);
+    assert_eq!(messages[1]["content"], "hello");
+    assert_eq!(
+        messages[2],
+        json!({"role": "user", "content": [{"type": "text", "text": "summarize it",
+            "cache_control": {"type": "ephemeral"}}]})
+    );
+    assert_eq!(body["system"], "rules");
+    assert_eq!(body["max_tokens"], 700);
+    assert_eq!(body["stream"], false);
+    assert!(
+        body.get("tool_choice").is_none(),
+        "a forced tool is dropped"
+    );
+    assert!(body.get("context_management").is_none());
+    // A choice that forces nothing stays (changing it would invalidate the cached messages);
+    // thinking's budget is added to the summary's.
+    let auto = conversation(r#","thinking":{"type":"enabled","budget_tokens":2000}"#)
+        .replace(r#"{"type":"any"}"#, r#"{"type":"auto"}"#);
+    let body = ask(&auto);
+    assert_eq!(body["tool_choice"], json!({"type": "auto"}));
+    assert_eq!(body["max_tokens"], 2700);
+    // Four breakpoints already: none added, the request would be refused.
+    let marked = conversation("").replace(
+        r#""content":"hi""#,
+        r#""content":[{"type":"text","text":"a","cache_control":{"type":"ephemeral"}},{"type":"text","text":"b","cache_control":{"type":"ephemeral"}},{"type":"text","text":"c","cache_control":{"type":"ephemeral"}},{"type":"text","text":"d","cache_control":{"type":"ephemeral"}}]"#,
+    );
+    let body = ask(&marked);
+    assert!(body["messages"][2]["content"][0]
+        .get("cache_control")
+        .is_none());
 }
 
 #[test]

@@ -8,7 +8,7 @@ use super::parse::{Author, Message};
 use crate::dialect::media::{self, Billing};
 use crate::dialect::media_parts;
 use crate::dialect::text::{shorten, TRANSCRIPT_MESSAGE_CHARS, TRANSCRIPT_RESULT_CHARS};
-use crate::dialect::AnswerError;
+use crate::dialect::{AnswerError, SummaryRequest};
 
 /// Anthropic's error body: `{"type":"error","error":{"type","message"}}`.
 pub fn error_body(kind: &str, message: &str) -> Value {
@@ -51,6 +51,48 @@ pub fn summary_request(model: &str, system: &str, user: &str, max_tokens: u64) -
         "temperature": 0.2,
         "stream": false,
     })
+}
+
+/// Cache breakpoints Anthropic accepts in one request.
+const MAX_CACHE_BREAKPOINTS: usize = 4;
+
+/// A summary request that continues the conversation ([`SummaryRequest::continuation`]). The
+/// instructions carry a cache breakpoint, so the provider reads the conversation before them
+/// from its cache (it looks back from a breakpoint for the entries earlier requests wrote),
+/// unless the conversation already holds as many breakpoints as a request may. A tool choice
+/// that forces a tool is dropped (the answer must be text); any other stays, since changing it
+/// would invalidate the cached messages. With extended thinking on, the thinking budget is
+/// added to the output budget, which must exceed it.
+pub fn continuation_request(request: &SummaryRequest<'_>) -> Option<Value> {
+    let conversation = request.conversation?;
+    let breakpoints = memchr::memmem::find_iter(conversation, b"\"cache_control\"").count();
+    let mut block = json!({"type": "text", "text": request.user});
+    if breakpoints < MAX_CACHE_BREAKPOINTS {
+        block["cache_control"] = json!({"type": "ephemeral"});
+    }
+    let message = json!({"role": "user", "content": [block]});
+    let mut body = request.continuation(
+        "messages",
+        message,
+        &["max_tokens"],
+        &["context_management"],
+    )?;
+    let forced = body
+        .pointer("/tool_choice/type")
+        .and_then(Value::as_str)
+        .is_some_and(|kind| matches!(kind, "any" | "tool"));
+    if forced {
+        body.as_object_mut()?.remove("tool_choice");
+    }
+    let thinking_budget = body
+        .get("thinking")
+        .filter(|t| t.get("type").and_then(Value::as_str) == Some("enabled"))
+        .and_then(|t| t.get("budget_tokens"))
+        .and_then(Value::as_u64);
+    if let Some(budget) = thinking_budget {
+        body["max_tokens"] = (budget + request.max_tokens).into();
+    }
+    Some(body)
 }
 
 /// The text of a non-streamed Messages response.

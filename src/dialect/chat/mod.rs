@@ -72,6 +72,16 @@ impl Dialect for Chat {
     }
 
     fn summary_request(&self, request: &SummaryRequest<'_>) -> serde_json::Value {
+        let continued = request.continuation(
+            "messages",
+            json!({"role": "user", "content": request.user}),
+            &["max_completion_tokens", "max_tokens"],
+            // Asked whole, with one answer, no forced tool and no structured format.
+            &["stream_options", "n", "response_format", "tool_choice"],
+        );
+        if let Some(body) = continued {
+            return body;
+        }
         json!({
             "model": request.model,
             "messages": [
@@ -155,6 +165,12 @@ impl WireRequest for ChatRequest {
     fn cleared_copy(&self, clearing: &Clearing) -> Option<Box<dyn WireRequest>> {
         let mut copy = self.clone();
         copy.apply_clearing(clearing);
+        Some(Box::new(copy))
+    }
+
+    fn prefix_copy(&self, end: usize) -> Option<Box<dyn WireRequest>> {
+        let mut copy = self.clone();
+        copy.messages.truncate(end);
         Some(Box::new(copy))
     }
 
@@ -245,6 +261,7 @@ mod tests {
             system: "sys",
             user: "transcript",
             max_tokens: 500,
+            conversation: None,
         });
         assert_eq!(body["messages"][0]["content"], "sys");
         assert_eq!(body["messages"][1]["content"], "transcript");
@@ -254,6 +271,45 @@ mod tests {
                 .unwrap(),
             "## Goal\nx"
         );
+    }
+
+    #[test]
+    fn a_continuation_is_the_conversation_then_the_instructions_asked_whole() {
+        let conversation = br#"{"model":"m","stream":true,"stream_options":{"include_usage":true},
+            "max_completion_tokens":32000,"tool_choice":"required","temperature":0.7,
+            "tools":[{"type":"function","function":{"name":"read"}}],
+            "messages":[{"role":"system","content":"rules"},{"role":"user","content":"hi"},
+                        {"role":"assistant","content":"hello"}]}"#;
+        let body = Chat.summary_request(&SummaryRequest {
+            model: "m",
+            system: "unused",
+            user: "summarize it",
+            max_tokens: 700,
+            conversation: Some(conversation),
+        });
+        let sent: serde_json::Value = serde_json::from_slice(conversation).unwrap();
+        let messages = body["messages"].as_array().unwrap();
+        assert_eq!(messages[..3], sent["messages"].as_array().unwrap()[..]);
+        assert_eq!(
+            messages[3],
+            json!({"role": "user", "content": "summarize it"})
+        );
+        assert_eq!(body["tools"], sent["tools"], "tools as sent");
+        assert_eq!(body["temperature"], 0.7, "the client's settings stay");
+        // The client's budget field, with the summary's budget; whole, no forced tool.
+        assert_eq!(body["max_completion_tokens"], 700);
+        assert!(body.get("max_tokens").is_none());
+        assert_eq!(body["stream"], false);
+        assert!(body.get("stream_options").is_none() && body.get("tool_choice").is_none());
+        // Not a conversation body: the standalone request.
+        let standalone = Chat.summary_request(&SummaryRequest {
+            model: "m",
+            system: "sys",
+            user: "transcript",
+            max_tokens: 500,
+            conversation: Some(b"[1]"),
+        });
+        assert_eq!(standalone["messages"][0]["content"], "sys");
     }
 
     #[test]

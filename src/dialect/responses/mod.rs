@@ -123,6 +123,26 @@ impl Dialect for Responses {
     }
 
     fn summary_request(&self, request: &SummaryRequest<'_>) -> Value {
+        let continued = request.continuation(
+            "input",
+            json!({"type": "message", "role": "user",
+                   "content": [{"type": "input_text", "text": request.user}]}),
+            &["max_output_tokens"],
+            // Asked whole and not stored, with no forced tool, no structured format and no
+            // compaction of its own by the provider.
+            &[
+                "stream_options",
+                "tool_choice",
+                "text",
+                "context_management",
+                "previous_response_id",
+                "background",
+            ],
+        );
+        if let Some(mut body) = continued {
+            body["store"] = false.into();
+            return body;
+        }
         json!({
             "model": request.model,
             "instructions": request.system,
@@ -195,11 +215,38 @@ mod tests {
             system: "sys",
             user: "transcript",
             max_tokens: 300,
+            conversation: None,
         });
         assert_eq!(body["instructions"], "sys");
         assert_eq!(body["input"][0]["content"][0]["text"], "transcript");
         assert_eq!(body["max_output_tokens"], 300);
         assert!(body.get("prompt_cache_key").is_none());
+        let conversation = br#"{"model":"m","stream":true,"store":true,"instructions":"rules",
+            "prompt_cache_key":"k","tools":[],"tool_choice":"required","max_output_tokens":9000,
+            "text":{"format":{"type":"json_schema"}},"input":[{"role":"user","content":"hi"}]}"#;
+        let continued = Responses.summary_request(&SummaryRequest {
+            model: "m",
+            system: "unused",
+            user: "summarize it",
+            max_tokens: 300,
+            conversation: Some(conversation),
+        });
+        assert_eq!(continued["instructions"], "rules");
+        assert_eq!(
+            continued["prompt_cache_key"], "k",
+            "routed to the same cache"
+        );
+        assert_eq!(
+            continued["input"][0],
+            json!({"role": "user", "content": "hi"})
+        );
+        assert_eq!(continued["input"][1]["content"][0]["text"], "summarize it");
+        assert_eq!(continued["max_output_tokens"], 300);
+        assert_eq!(continued["stream"], false);
+        assert_eq!(continued["store"], false);
+        for dropped in ["tool_choice", "text"] {
+            assert!(continued.get(dropped).is_none(), "{dropped}");
+        }
         let answer = br###"{"output":[{"type":"reasoning","content":[{"type":"reasoning_text","text":"hm"}]},{"type":"message","content":[{"type":"output_text","text":"## Goal\nship it"}]}]}"###;
         assert_eq!(
             Responses.summary_answer(answer).unwrap(),

@@ -269,6 +269,14 @@ impl WireRequest for ResponsesRequest {
         Some(Box::new(copy))
     }
 
+    fn prefix_copy(&self, end: usize) -> Option<Box<dyn WireRequest>> {
+        let mut copy = self.clone();
+        copy.items.truncate(end);
+        copy.roles.truncate(end);
+        copy.original = copy.with_input(copy.items.iter().map(|i| &*i.raw));
+        Some(Box::new(copy))
+    }
+
     fn role(&self, index: usize) -> Role {
         self.roles[index]
     }
