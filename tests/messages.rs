@@ -156,6 +156,17 @@ async fn claude_code_session_replays_with_one_summary_per_checkpoint() {
         distinct.len(),
         "one summary per checkpoint"
     );
+    // Summary requests are made on the client's behalf with the API version and betas it uses
+    // (Anthropic refuses a request without `anthropic-version`), less the context management
+    // Compactor serves itself.
+    for summary in mock.summaries() {
+        let header = |name: &str| summary.headers.get(name).and_then(|v| v.to_str().ok());
+        assert_eq!(header("anthropic-version"), Some("2023-06-01"));
+        let betas = header("anthropic-beta").unwrap_or_default();
+        assert!(betas.contains("claude-code-20250219"), "{betas}");
+        assert!(!betas.contains("context-management"), "{betas}");
+        assert_eq!(header("x-api-key"), Some("sk-test"));
+    }
     // The key the client sent as `x-api-key` reads its checkpoints as `Authorization: Bearer`
     // too (and under its own header); another key does not.
     let id = distinct.iter().next().unwrap();

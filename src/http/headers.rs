@@ -63,14 +63,27 @@ pub(super) fn mode(headers: &HeaderMap) -> Result<Mode, ApiError> {
     }
 }
 
-/// The client's credential headers, for summary requests made on its behalf.
+/// Headers that say which version of a provider's API a request is written for, and which of
+/// its betas and accounts it uses: a summary request made on the client's behalf needs them as
+/// much as the client's own (Anthropic refuses a request without `anthropic-version`, and a
+/// summary that continues the conversation carries its beta tools and features).
+const PROVIDER_HEADERS: &[&str] = &[
+    "anthropic-version",
+    "anthropic-beta",
+    "openai-organization",
+    "openai-project",
+];
+
+/// The client's credential and provider headers, for summary requests made on its behalf
+/// (without the betas Compactor serves itself, which a summary request never uses).
 pub(super) fn credential_headers(headers: &HeaderMap) -> HeaderMap {
     let mut out = HeaderMap::new();
-    for name in CREDENTIAL_HEADERS {
+    for name in CREDENTIAL_HEADERS.iter().chain(PROVIDER_HEADERS) {
         for value in headers.get_all(*name) {
             out.append(HeaderName::from_static(name), value.clone());
         }
     }
+    super::context_edits::strip_served_betas(&mut out);
     out
 }
 
