@@ -32,8 +32,9 @@ QUESTION = (
 )
 # Words of the question that only the recall turn's request holds.
 MARKER = "Recall check, answer from memory"
-# Compactor's own summary requests hold the transcript they summarize; they are not the turn.
-SUMMARY_MARKERS = ("<transcript>",)
+# Compactor's own summary requests hold the transcript they summarize, or continue the
+# conversation with a request for its summary; they are not the turn.
+SUMMARY_MARKERS = ("<transcript>", "This conversation is about to be replaced by a summary of it.")
 
 
 def recall_bodies(relay_log: str, since_line: int) -> list[str]:

@@ -31,6 +31,9 @@ import conversation  # noqa: E402
 
 ROOT = os.environ["COMPACTOR_URL"].rstrip("/").removesuffix("/v1")
 RELAY_LOG = os.environ["E2E_RELAY_LOG"]
+# The request for a summary that closes a summary request continuing the conversation.
+SUMMARY_MARKER = "This conversation is about to be replaced by a summary of it."
+
 MODEL = os.environ.get("E2E_MODEL", "qwen2.5-coder-0.5b-instruct")
 API_KEY = "sk-e2e-anthropic"
 MAX_TOKENS = int(os.environ.get("E2E_MAX_TOKENS", "40"))
@@ -165,8 +168,11 @@ def main() -> int:
         for line in list(f)[relay_mark:]:
             record = json.loads(line)
             body = record.get("body")
+            # Summary requests left out: a standalone one carries no tools, one that continues
+            # the conversation ends with the request for its summary.
             if record["path"].split("?")[0].endswith("/messages") and isinstance(body, dict) \
-                    and any(t.get("name") == "read_file" for t in body.get("tools") or []):
+                    and any(t.get("name") == "read_file" for t in body.get("tools") or []) \
+                    and SUMMARY_MARKER not in json.dumps(body):
                 forwarded.append(body)
     failures, compacted = 0, 0
     seen_turns = set()

@@ -189,20 +189,25 @@ def save(name: str, exchange: dict, streamed: bool = False) -> None:
 
 # ---- what Compactor forwarded, from the recording relay -------------------------------------
 
+# The request for a summary that closes a summary request continuing the conversation.
+SUMMARY_MARKER = "This conversation is about to be replaced by a summary of it."
+
 def relay_mark() -> int:
     return sum(1 for _ in open(RELAY_LOG)) if os.path.exists(RELAY_LOG) else 0
 
 
 def forwarded_since(mark: int, path: str) -> list[dict]:
-    """Bodies of client requests forwarded to `path` since `mark` (summary requests, which
-    carry no tools, left out)."""
+    """Bodies of client requests forwarded to `path` since `mark` (summary requests left out:
+    a standalone one carries no tools, one that continues the conversation ends with the
+    request for its summary)."""
     bodies = []
     with open(RELAY_LOG) as f:
         for line in list(f)[mark:]:
             record = json.loads(line)
             body = record.get("body")
             if record["path"].split("?")[0].endswith(path) and isinstance(body, dict) \
-                    and any(t.get("name") == "read_file" for t in body.get("tools") or []):
+                    and any(t.get("name") == "read_file" for t in body.get("tools") or []) \
+                    and SUMMARY_MARKER not in json.dumps(body):
                 bodies.append(body)
     return bodies
 
