@@ -289,3 +289,70 @@ async fn chat_completions_tool_results_are_cleared_first_too() {
     assert_eq!(sent[2], messages[2], "the call stays");
     assert_eq!(sent[17], messages[17], "the newest result stays whole");
 }
+
+#[tokio::test]
+async fn a_summary_after_a_clearing_continues_the_prompt_as_it_was_forwarded() {
+    let mock = messages_mock::start().await;
+    let mut config = common::config("http://127.0.0.1:9/v1");
+    config.anthropic_upstream = mock.url();
+    // A window the prefix and the summary's own budget fit in beside each other, written ahead
+    // of time at the soft threshold (at the limit they rarely do).
+    config.windows.insert(MODEL.to_string(), 4 * WINDOW);
+    config.compaction.ahead_of_time = true;
+    config.compaction.clear_tool_results_first = true;
+    config.summarizer.window = 100_000;
+    config.summarizer.continue_conversation = compactor::config::ContinueConversation::Always;
+    let proxy = start_proxy(config).await;
+    // Each step explains itself, so clearing old results frees less and less until only a
+    // summary helps.
+    let mut session = tool_loop(0, 0);
+    for steps in 0..100 {
+        session.push(json!({"role": "assistant", "content": [
+            {"type": "text", "text": format!("step {steps}: {}", "because ".repeat(200))},
+            {"type": "tool_use", "id": format!("toolu_{steps}"), "name": "Read",
+             "input": {"path": format!("src/f{steps}.rs")}}]}));
+        session.push(json!({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": format!("toolu_{steps}"),
+             "content": format!("fn f{steps}() {{}} {}", "data ".repeat(300))}]}));
+        let reply = post(&proxy, "sk-a", &request(&session)).await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        // Summaries made ahead of time finish between the agent's steps.
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        if !mock.summaries().is_empty() {
+            break;
+        }
+    }
+    let summaries = mock.summaries();
+    assert!(!summaries.is_empty(), "a summary was written");
+    let asked = summaries[0].json();
+    let messages = asked["messages"].as_array().unwrap();
+    let prefix = messages.len() - 1;
+    assert!(prefix >= 3, "a continuation");
+    // The conversation exactly as a request forwarded before it: its oldest results stubbed.
+    let forwarded: Vec<Value> = mock.forwarded().iter().map(Received::json).collect();
+    let before = forwarded
+        .iter()
+        .find(|f| {
+            let sent = f["messages"].as_array().unwrap();
+            sent.len() >= prefix && sent[..prefix] == messages[..prefix]
+        })
+        .expect("the prefix of a forwarded request");
+    assert!(
+        result_text(before, 0).contains("cleared to save context"),
+        "a clearing came first"
+    );
+    assert_eq!(asked["system"], before["system"]);
+    assert_eq!(asked["stream"], false);
+    let closing = &messages[prefix]["content"][0];
+    let text = closing["text"].as_str().unwrap();
+    assert!(text.contains("about to be replaced by a summary"), "{text}");
+    assert!(
+        !text.contains("opens with a summary"),
+        "a clearing is no summary"
+    );
+    assert_eq!(closing["cache_control"], json!({"type": "ephemeral"}));
+    assert_eq!(
+        summaries[0].headers.get("anthropic-version").unwrap(),
+        "2023-06-01"
+    );
+}

@@ -33,6 +33,10 @@ newest messages below were cut in the middle to fit the context window.";
 #[derive(Clone, Copy)]
 pub(super) struct Fold<'a> {
     base: Option<&'a Checkpoint>,
+    /// The checkpoint the conversation's requests were forwarded through when it is not
+    /// `base`: a clearing alone, which a summary does not extend but a summary request that
+    /// continues the conversation renders its prefix through.
+    sent_through: Option<&'a Checkpoint>,
     plan: &'a plan::Plan,
     span: &'a [usize],
     views: &'a [(Role, MessageView)],
@@ -44,6 +48,8 @@ pub(super) struct Fold<'a> {
 #[derive(Clone, Copy)]
 pub(super) struct SummaryOrder<'a> {
     pub base: Option<&'a Checkpoint>,
+    /// See [`Fold::sent_through`].
+    pub sent_through: Option<&'a Checkpoint>,
     pub plan: &'a plan::Plan,
     pub trigger: Trigger,
     pub deadline: Instant,
@@ -255,6 +261,7 @@ impl Engine {
     ) -> Result<Checkpoint, SummaryError> {
         let SummaryOrder {
             base,
+            sent_through,
             plan,
             trigger,
             deadline,
@@ -276,6 +283,7 @@ impl Engine {
         let started = Instant::now();
         let fold = Fold {
             base,
+            sent_through,
             plan,
             span: &span,
             views: &views,

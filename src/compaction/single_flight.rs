@@ -48,7 +48,9 @@ impl Engine {
         let anchor = conversation.anchor.ok_or(SummaryError::Nothing)?;
         let lease_key = format!("lease:{}", identity::hex(&anchor));
         let deadline = started + Duration::from_millis(self.config.summary_timeout_ms);
-        // A checkpoint of clearing alone summarizes nothing: the summary starts from scratch.
+        // A checkpoint of clearing alone summarizes nothing: the summary starts from scratch
+        // (a summary request that continues the conversation still goes through its stubs).
+        let sent_through = base.filter(|b| b.covered == 0).cloned();
         let mut base = base.filter(|b| b.covered > 0).cloned();
         loop {
             let plan = self.plan(conversation, base.as_ref(), trigger)?;
@@ -69,6 +71,7 @@ impl Engine {
             if leased {
                 let job = Job {
                     base,
+                    sent_through: sent_through.clone(),
                     plan,
                     trigger,
                     lease_key: lease_key.clone(),
@@ -105,6 +108,7 @@ impl Engine {
                         conversation,
                         SummaryOrder {
                             base: base.as_ref(),
+                            sent_through: sent_through.as_ref(),
                             plan: &plan,
                             trigger,
                             deadline,
@@ -198,6 +202,7 @@ impl Engine {
                         &conversation,
                         SummaryOrder {
                             base: job.base.as_ref(),
+                            sent_through: job.sent_through.as_ref(),
                             plan: &job.plan,
                             trigger: job.trigger,
                             deadline: job.deadline,
@@ -293,6 +298,7 @@ enum Leased {
 /// A summary to write under a lease, owned so that it can outlive its request.
 struct Job {
     base: Option<Checkpoint>,
+    sent_through: Option<Checkpoint>,
     plan: Plan,
     trigger: Trigger,
     lease_key: String,

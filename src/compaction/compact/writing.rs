@@ -10,6 +10,7 @@ use super::super::{prompt, record, Engine, SentCount, SummaryError};
 use super::{Fold, Progress};
 use crate::dialect::SummaryRequest;
 use crate::measure::calibration::Correction;
+use crate::store::Checkpoint;
 use crate::tokenizer::{Encoding, REPLY_PRIMING};
 
 use super::super::conversation::Conversation;
@@ -95,17 +96,11 @@ impl Engine {
         let allowance = self.summary_allowance(window);
         let max_tokens = record::model_allowance(allowance);
         let encoding = Encoding::for_model(model);
-        let previous = fold.base.map(|b| self.summary_text(b));
-        // What the prefix costs, counted as the forwarded request was: its head, the previous
-        // summary, and every element before `end` that the base did not replace.
-        let covered = fold.base.map_or(0, |b| b.covered.min(end));
-        let pinned = fold.base.and_then(|b| b.pinned_user);
-        let elements: u64 = (0..end)
-            .filter(|&i| {
-                i >= covered || conversation.roles[i].is_instruction() || Some(i) == pinned
-            })
-            .map(|i| conversation.message_tokens[i])
-            .sum();
+        // The summary message the prefix opens with (a base that only cleared has none).
+        let previous = fold
+            .base
+            .filter(|b| b.covered > 0)
+            .map(|b| self.summary_text(b));
         let instructions: Vec<&str> = [
             self.config.instructions.as_str(),
             conversation.context.instructions.as_deref().unwrap_or(""),
@@ -113,8 +108,9 @@ impl Engine {
         .into_iter()
         .collect();
         let user = prompt::continuation_prompt(previous.is_some(), &instructions, max_tokens);
-        let prompt_tokens = conversation.measured.head_tokens
-            + elements
+        // As the requests were forwarded: through the summary, or the clearing alone.
+        let through = fold.base.or(fold.sent_through);
+        let prompt_tokens = prefix_tokens(conversation, through, end)
             + previous.as_deref().map_or(0, |p| encoding.count(p))
             + encoding.count(&user)
             + REPLY_PRIMING;
@@ -122,11 +118,11 @@ impl Engine {
         if conversation.correction.apply(prompt_tokens) + max_tokens > room {
             return Ok(None);
         }
-        let body = match fold.base {
-            Some(base) => render_through(
+        let body = match through {
+            Some(through) => render_through(
                 prefix.as_ref(),
                 &conversation.message_tokens,
-                base,
+                through,
                 previous.as_deref().unwrap_or_default(),
                 self.config.merge_summary_into_user,
             ),
@@ -278,4 +274,24 @@ impl Engine {
         let text = running.ok_or(SummaryError::Nothing)?;
         Ok(record::attach(&text, views, previous, encoding, allowance))
     }
+}
+
+/// What the first `end` elements of `conversation` cost as they were forwarded through `base`:
+/// its head, and every element the base did not replace (instructions, its pinned user
+/// message, those after its cut), counted whole (a base's cuts in the middle only make them
+/// smaller), less what the tool results it cleared freed (old results, before `end`).
+fn prefix_tokens(conversation: &Conversation, base: Option<&Checkpoint>, end: usize) -> u64 {
+    let covered = base.map_or(0, |b| b.covered.min(end));
+    let pinned = base.and_then(|b| b.pinned_user);
+    let elements: u64 = (0..end)
+        .filter(|&i| i >= covered || conversation.roles[i].is_instruction() || Some(i) == pinned)
+        .map(|i| conversation.message_tokens[i])
+        .sum();
+    let freed: u64 = base
+        .and_then(|b| b.cleared.as_ref())
+        .into_iter()
+        .flat_map(|c| &c.results)
+        .map(|r| r.freed_tokens)
+        .sum();
+    (conversation.measured.head_tokens + elements).saturating_sub(freed)
 }
