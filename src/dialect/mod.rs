@@ -322,14 +322,15 @@ impl SummaryRequest<'_> {
     /// (the last when it has none; the others removed, so a client's `max_completion_tokens`
     /// does not contradict it), asked whole rather than streamed, and the fields in `dropped`
     /// removed (what would change the answer's shape or make the provider act on the request
-    /// itself). `None` when the conversation is not a JSON object with that array.
+    /// itself). `None` when the conversation is not a JSON object with that array. Also returns
+    /// the budget the client had asked for there, if any.
     pub fn continuation(
         &self,
         array: &str,
         message: serde_json::Value,
         budget_fields: &[&str],
         dropped: &[&str],
-    ) -> Option<serde_json::Value> {
+    ) -> Option<(serde_json::Value, Option<u64>)> {
         let mut body: serde_json::Value = serde_json::from_slice(self.conversation?).ok()?;
         let fields = body.as_object_mut()?;
         fields.get_mut(array)?.as_array_mut()?.push(message);
@@ -341,12 +342,14 @@ impl SummaryRequest<'_> {
         for other in budget_fields.iter().filter(|f| **f != field) {
             fields.remove(*other);
         }
-        fields.insert(field.to_string(), self.max_tokens.into());
+        let asked = fields
+            .insert(field.to_string(), self.max_tokens.into())
+            .and_then(|v| v.as_u64());
         fields.insert("stream".to_string(), false.into());
         for name in dropped {
             fields.remove(*name);
         }
-        Some(body)
+        Some((body, asked))
     }
 }
 

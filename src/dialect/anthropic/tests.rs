@@ -270,6 +270,10 @@ fn a_continuation_marks_its_instructions_for_the_cache_and_asks_for_text() {
     let body = ask(&auto);
     assert_eq!(body["tool_choice"], json!({"type": "auto"}));
     assert_eq!(body["max_tokens"], 2700);
+    // Adaptive thinking, whose length the model decides: the client's own budget.
+    let adaptive = conversation(r#","thinking":{"type":"adaptive"}"#);
+    assert_eq!(ask(&adaptive)["max_tokens"], 32000);
+    assert_eq!(ask(&adaptive)["thinking"], json!({"type": "adaptive"}));
     // Four breakpoints already: none added, the request would be refused.
     let marked = conversation("").replace(
         r#""content":"hi""#,

@@ -61,8 +61,10 @@ const MAX_CACHE_BREAKPOINTS: usize = 4;
 /// from its cache (it looks back from a breakpoint for the entries earlier requests wrote),
 /// unless the conversation already holds as many breakpoints as a request may. A tool choice
 /// that forces a tool is dropped (the answer must be text); any other stays, since changing it
-/// would invalidate the cached messages. With extended thinking on, the thinking budget is
-/// added to the output budget, which must exceed it.
+/// would invalidate the cached messages, and so do the thinking settings. With extended
+/// thinking on, its budget is added to the output budget, which must exceed it; with adaptive
+/// thinking, whose length the model decides, the output budget is the client's own when larger
+/// (the summary's length is asked in words).
 pub fn continuation_request(request: &SummaryRequest<'_>) -> Option<Value> {
     let conversation = request.conversation?;
     let breakpoints = memchr::memmem::find_iter(conversation, b"\"cache_control\"").count();
@@ -71,7 +73,7 @@ pub fn continuation_request(request: &SummaryRequest<'_>) -> Option<Value> {
         block["cache_control"] = json!({"type": "ephemeral"});
     }
     let message = json!({"role": "user", "content": [block]});
-    let mut body = request.continuation(
+    let (mut body, asked) = request.continuation(
         "messages",
         message,
         &["max_tokens"],
@@ -84,13 +86,16 @@ pub fn continuation_request(request: &SummaryRequest<'_>) -> Option<Value> {
     if forced {
         body.as_object_mut()?.remove("tool_choice");
     }
-    let thinking_budget = body
-        .get("thinking")
-        .filter(|t| t.get("type").and_then(Value::as_str) == Some("enabled"))
-        .and_then(|t| t.get("budget_tokens"))
-        .and_then(Value::as_u64);
-    if let Some(budget) = thinking_budget {
-        body["max_tokens"] = (budget + request.max_tokens).into();
+    let thinking = body.get("thinking").cloned().unwrap_or(Value::Null);
+    match thinking.get("type").and_then(Value::as_str) {
+        Some("enabled") => {
+            let budget = thinking["budget_tokens"].as_u64().unwrap_or(0);
+            body["max_tokens"] = (budget + request.max_tokens).into();
+        }
+        Some("adaptive") => {
+            body["max_tokens"] = asked.unwrap_or(0).max(request.max_tokens).into();
+        }
+        _ => {}
     }
     Some(body)
 }

@@ -79,7 +79,7 @@ impl Dialect for Chat {
             // Asked whole, with one answer, no forced tool and no structured format.
             &["stream_options", "n", "response_format", "tool_choice"],
         );
-        if let Some(body) = continued {
+        if let Some((body, _)) = continued {
             return body;
         }
         json!({

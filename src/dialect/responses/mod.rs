@@ -139,7 +139,7 @@ impl Dialect for Responses {
                 "background",
             ],
         );
-        if let Some(mut body) = continued {
+        if let Some((mut body, _)) = continued {
             body["store"] = false.into();
             return body;
         }
