@@ -11,10 +11,12 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+mod choices;
 mod defaults;
 mod env;
 mod redact;
 
+pub use choices::{ContinueConversation, ServerCompaction};
 use env::apply_env;
 pub use redact::redact_url;
 
@@ -113,38 +115,6 @@ pub struct SummarizerConfig {
     pub continue_conversation: ContinueConversation,
 }
 
-/// Whether a summary request is sent as a continuation of the conversation (its instructions,
-/// tools and messages as last forwarded, then one user message asking for the summary) rather
-/// than as a request of its own with a transcript. A provider that caches prompts then reads
-/// the conversation from its cache. Only a conversation's own provider can do this: with a
-/// summarizer of its own (`summarizer.upstream`) or another model (`summarizer.model`), every
-/// request is standalone.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum ContinueConversation {
-    /// Toward the first-party APIs (OpenAI's, Anthropic's), which bill cached input at a
-    /// fraction; standalone toward every other upstream.
-    #[default]
-    Auto,
-    Always,
-    Never,
-}
-
-impl ContinueConversation {
-    /// Whether summary requests to `upstream` (whose first-party host is `first_party`)
-    /// continue the conversation.
-    pub fn applies_to(self, upstream: &str, first_party: &str) -> bool {
-        match self {
-            ContinueConversation::Always => true,
-            ContinueConversation::Never => false,
-            ContinueConversation::Auto => url::Url::parse(upstream)
-                .ok()
-                .and_then(|u| u.host_str().map(|h| h == first_party))
-                .unwrap_or(false),
-        }
-    }
-}
-
 /// The Responses API (`/v1/responses`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 #[serde(default, deny_unknown_fields)]
@@ -204,37 +174,6 @@ impl Default for TelemetryConfig {
 pub struct MessagesConfig {
     /// Who serves the context edits a client asks for (`context_management`).
     pub context_management: ServerCompaction,
-}
-
-/// Who serves a context feature that first-party providers offer themselves: for Responses,
-/// the compaction a client asks for (`POST /v1/responses/compact`, an `input` ending in
-/// `compaction_trigger`); for Messages, context editing (`context_management`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum ServerCompaction {
-    /// The provider when it is the first-party API (OpenAI's, Anthropic's), which offers it;
-    /// Compactor otherwise.
-    #[default]
-    Auto,
-    /// Always the provider: such requests and `compaction` items pass through.
-    Passthrough,
-    /// Always Compactor, from its own checkpoints.
-    Emulate,
-}
-
-impl ServerCompaction {
-    /// Whether Compactor serves the feature for `upstream`, whose first-party host is
-    /// `first_party`.
-    fn emulates_for(self, upstream: &str, first_party: &str) -> bool {
-        match self {
-            ServerCompaction::Emulate => true,
-            ServerCompaction::Passthrough => false,
-            ServerCompaction::Auto => url::Url::parse(upstream)
-                .ok()
-                .and_then(|u| u.host_str().map(|h| h != first_party))
-                .unwrap_or(true),
-        }
-    }
 }
 
 /// Values given on the command line; `None` leaves the file/env value alone.
