@@ -30,10 +30,19 @@ struct Received {
     written: Value,
 }
 
+#[derive(Clone, Copy, PartialEq)]
+enum Answer {
+    Summary,
+    /// Refused, as a provider that rejects the request would.
+    Refused,
+    /// Its own instructions echoed back, as small models do.
+    Echo,
+}
+
 struct Recording {
     continues: bool,
-    /// Refuse every continuation, as a provider that rejects one would.
-    refuse_continuations: bool,
+    /// What a continuation is answered with.
+    continuations: Answer,
     received: Mutex<Vec<Received>>,
 }
 
@@ -56,8 +65,12 @@ impl Summarizer for Recording {
             all.push(received);
             all.len()
         };
-        if self.refuse_continuations && request.conversation.is_some() {
-            return Err(SummarizerError::Status(400));
+        if request.conversation.is_some() {
+            match self.continuations {
+                Answer::Refused => return Err(SummarizerError::Status(400)),
+                Answer::Echo => return Ok(request.user.to_string()),
+                Answer::Summary => {}
+            }
         }
         Ok(format!("## Goal\nsummary number {n}"))
     }
@@ -73,7 +86,7 @@ struct Setup {
     metrics: Arc<Metrics>,
 }
 
-fn setup(continues: bool, refuse_continuations: bool, summary_model: &str) -> Setup {
+fn setup(continues: bool, continuations: Answer, summary_model: &str) -> Setup {
     let config = CompactionConfig {
         ahead_of_time: false,
         clear_tool_results_first: false,
@@ -85,7 +98,7 @@ fn setup(continues: bool, refuse_continuations: bool, summary_model: &str) -> Se
     };
     let summarizer = Arc::new(Recording {
         continues,
-        refuse_continuations,
+        continuations,
         received: Mutex::new(Vec::new()),
     });
     let metrics = Arc::new(Metrics::default());
@@ -152,7 +165,7 @@ fn continuations(setup: &Setup, result: &str) -> u64 {
 
 #[tokio::test]
 async fn each_summary_continues_the_prompt_forwarded_before_it() {
-    let setup = setup(true, false, "");
+    let setup = setup(true, Answer::Summary, "");
     // Grown past the window: the first compaction continues the conversation as the client
     // sent it so far.
     let first = session(30);
@@ -232,7 +245,7 @@ async fn each_summary_continues_the_prompt_forwarded_before_it() {
 
 #[tokio::test]
 async fn a_continuation_refused_gives_way_to_a_standalone_request() {
-    let setup = setup(true, true, "");
+    let setup = setup(true, Answer::Refused, "");
     let prepared = prepare(&setup, &session(30)).await;
     assert!(prepared.outcome.compacted, "the compaction still happens");
     let received = setup.summarizer.received.lock().unwrap().clone();
@@ -259,9 +272,28 @@ async fn a_continuation_refused_gives_way_to_a_standalone_request() {
 }
 
 #[tokio::test]
+async fn a_continuation_answered_with_its_own_instructions_gives_way_too() {
+    let setup = setup(true, Answer::Echo, "");
+    let prepared = prepare(&setup, &session(30)).await;
+    let received = setup.summarizer.received.lock().unwrap().clone();
+    assert_eq!(received.len(), 2);
+    assert!(
+        received[1].conversation.is_none(),
+        "then a request of its own"
+    );
+    let summary = sent(&prepared)["messages"][1]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(summary.contains("summary number 2"), "{summary}");
+    assert!(!summary.contains("do not call any tool"), "no echo stored");
+    assert_eq!(continuations(&setup, "fell_back"), 1);
+}
+
+#[tokio::test]
 async fn only_the_conversations_own_provider_and_model_are_asked_to_continue() {
     // A summarizer that is not the conversation's provider.
-    let other_provider = setup(false, false, "");
+    let other_provider = setup(false, Answer::Summary, "");
     assert!(
         prepare(&other_provider, &session(30))
             .await
@@ -269,7 +301,7 @@ async fn only_the_conversations_own_provider_and_model_are_asked_to_continue() {
             .compacted
     );
     // The conversation's provider, but another model.
-    let other_model = setup(true, false, "a-cheaper-model");
+    let other_model = setup(true, Answer::Summary, "a-cheaper-model");
     assert!(prepare(&other_model, &session(30)).await.outcome.compacted);
     for setup in [other_provider, other_model] {
         let received = setup.summarizer.received.lock().unwrap().clone();

@@ -171,12 +171,12 @@ pub fn clean_answer(answer: &str) -> String {
     let mut kept = Vec::with_capacity(lines.len());
     for (i, line) in lines.iter().enumerate() {
         if let Some(depth) = level(line) {
-            // Empty when nothing but blank lines comes before the next heading of its level or
-            // above, or the end.
+            // Empty when nothing but blank lines and empty subheadings comes before the next
+            // heading of its level or above, or the end.
             let body = lines[i + 1..]
                 .iter()
                 .take_while(|l| level(l).is_none_or(|d| d > depth))
-                .any(|l| !l.trim().is_empty());
+                .any(|l| !l.trim().is_empty() && level(l).is_none());
             if !body {
                 continue;
             }
@@ -266,7 +266,7 @@ turns: keep what still matters from it, and add what the turns after it show.";
 pub fn continuation_prompt(previous: bool, instructions: &[&str], max_tokens: u64) -> String {
     let mut user = String::from(CONTINUATION);
     if previous {
-        user.push(' ');
+        user.push_str("\n\n");
         user.push_str(CONTINUATION_UPDATE);
     }
     // The headings and what each holds: the system prompt after its first paragraph (which
@@ -276,9 +276,11 @@ pub fn continuation_prompt(previous: bool, instructions: &[&str], max_tokens: u6
         .map_or(SYSTEM_PROMPT, |(_, rest)| rest);
     user.push_str("\n\n");
     user.push_str(guide);
+    // On a line of its own, like every part above, so that an answer echoing the request
+    // cleans away whole ([`clean_answer`]).
     let words = max_tokens * 3 / 5;
     user.push_str(&format!(
-        " Keep the whole summary under {words} words so that every section is complete."
+        "\n\nKeep the whole summary under {words} words so that every section is complete."
     ));
     for extra in instructions.iter().filter(|s| !s.trim().is_empty()) {
         user.push_str("\n\nAdditional instructions: ");
@@ -340,6 +342,15 @@ pub fn chunk_counted(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_continuation_echoed_back_cleans_away_whole() {
+        for previous in [false, true] {
+            let prompt = continuation_prompt(previous, &["keep names"], 500);
+            assert!(prompt.contains("## Critical context") && prompt.contains("keep names"));
+            assert_eq!(clean_answer(&prompt), "", "{prompt}");
+        }
+    }
 
     #[test]
     fn update_requests_carry_the_previous_summary() {

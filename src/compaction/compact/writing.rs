@@ -140,7 +140,16 @@ impl Engine {
             .summarize(&summary_request, &conversation.context.credentials)
             .await;
         let text = match answer {
-            Ok(answer) => prompt::clean_answer(&answer),
+            Ok(answer) => {
+                // What is left once the request's own wording, echoed, is taken out.
+                let text = prompt::clean_answer(&answer);
+                if text.is_empty() {
+                    tracing::info!(
+                        "A summary asked as a continuation of the conversation came back without text of its own; asking for it on its own."
+                    );
+                }
+                text
+            }
             Err(SummarizerError::Timeout) => {
                 return Err(SummaryError::Summarizer(SummarizerError::Timeout))
             }
@@ -152,12 +161,13 @@ impl Engine {
                 String::new()
             }
         };
-        let result = if text.is_empty() { "fell_back" } else { "used" };
+        let used = !text.is_empty();
+        let result = if used { "used" } else { "fell_back" };
         self.metrics
             .summary_continuations
             .get_or_create(&crate::metrics::ResultLabel { result })
             .inc();
-        if text.is_empty() {
+        if !used {
             return Ok(None);
         }
         let previous = fold.base.map(|b| b.summary.as_str());
