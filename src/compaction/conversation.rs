@@ -245,14 +245,26 @@ impl Engine {
         conversation: &Conversation,
         checkpoint: Option<&'c Checkpoint>,
     ) -> View<'c> {
-        let fixed = conversation.measured.head_tokens + REPLY_PRIMING;
         let Some(cp) = checkpoint else {
             return View {
                 checkpoint: None,
                 tokens: conversation.measured.total(),
             };
         };
-        let tokens = &conversation.message_tokens;
+        self.view_until(conversation, cp, conversation.message_tokens.len())
+    }
+
+    /// What the request's first `end` elements cost when sent through `cp` (what a summary
+    /// request that continues the conversation repeats of it). What the checkpoint's clearing
+    /// freed is taken off whole: the results it cleared are old ones, before any cut.
+    pub(super) fn view_until<'c>(
+        &self,
+        conversation: &Conversation,
+        cp: &'c Checkpoint,
+        end: usize,
+    ) -> View<'c> {
+        let fixed = conversation.measured.head_tokens + REPLY_PRIMING;
+        let tokens = &conversation.message_tokens[..end.min(conversation.message_tokens.len())];
         let covered = cp.covered.min(tokens.len());
         let instructions: u64 = (0..covered)
             .filter(|&i| conversation.roles[i].is_instruction())

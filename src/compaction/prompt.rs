@@ -235,15 +235,8 @@ pub fn user_prompt(
         (Wording::Outline, false) => OUTLINE_TASK,
         (Wording::Outline, true) => OUTLINE_UPDATE,
     });
-    // The answer is cut off at `max_tokens`; a model told its budget finishes every section.
-    let words = max_tokens * 3 / 5;
-    user.push_str(&format!(
-        " Keep the whole summary under {words} words so that every section is complete."
-    ));
-    for extra in instructions.iter().filter(|s| !s.trim().is_empty()) {
-        user.push_str("\n\nAdditional instructions: ");
-        user.push_str(extra.trim());
-    }
+    user.push(' ');
+    push_budget_and_extras(&mut user, max_tokens, instructions);
     if style.wording == Wording::Outline {
         user.push_str("\n\nHeadings:\n");
         user.push_str(OUTLINE_HEADINGS);
@@ -278,15 +271,23 @@ pub fn continuation_prompt(previous: bool, instructions: &[&str], max_tokens: u6
     user.push_str(guide);
     // On a line of its own, like every part above, so that an answer echoing the request
     // cleans away whole ([`clean_answer`]).
+    user.push_str("\n\n");
+    push_budget_and_extras(&mut user, max_tokens, instructions);
+    user
+}
+
+/// The close of every summary request: the length asked for (the answer is cut off at
+/// `max_tokens`; a model told its budget finishes every section), then each additional
+/// instruction in a paragraph of its own.
+fn push_budget_and_extras(user: &mut String, max_tokens: u64, instructions: &[&str]) {
     let words = max_tokens * 3 / 5;
     user.push_str(&format!(
-        "\n\nKeep the whole summary under {words} words so that every section is complete."
+        "Keep the whole summary under {words} words so that every section is complete."
     ));
     for extra in instructions.iter().filter(|s| !s.trim().is_empty()) {
         user.push_str("\n\nAdditional instructions: ");
         user.push_str(extra.trim());
     }
-    user
 }
 
 /// Tokens a summary request costs apart from its transcript and previous summary.

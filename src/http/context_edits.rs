@@ -23,6 +23,10 @@ const MAX_ANSWER_BYTES: usize = 4 * 1024 * 1024;
 /// Takes the flags of the features Compactor serves itself off `anthropic-beta`, so a provider
 /// that does not know them is not asked for them; the header goes when nothing is left.
 pub(super) fn strip_served_betas(headers: &mut HeaderMap) {
+    // Every request's summary headers pass through here: most carry no betas at all.
+    if !headers.contains_key("anthropic-beta") {
+        return;
+    }
     let kept: Vec<String> = headers
         .get_all("anthropic-beta")
         .iter()

@@ -10,7 +10,6 @@ use super::super::{prompt, record, Engine, SentCount, SummaryError};
 use super::{Fold, Progress};
 use crate::dialect::SummaryRequest;
 use crate::measure::calibration::Correction;
-use crate::store::Checkpoint;
 use crate::tokenizer::{Encoding, REPLY_PRIMING};
 
 use super::super::conversation::Conversation;
@@ -110,10 +109,15 @@ impl Engine {
         let user = prompt::continuation_prompt(previous.is_some(), &instructions, max_tokens);
         // As the requests were forwarded: through the summary, or the clearing alone.
         let through = fold.base.or(fold.sent_through);
-        let prompt_tokens = prefix_tokens(conversation, through, end)
-            + previous.as_deref().map_or(0, |p| encoding.count(p))
-            + encoding.count(&user)
-            + REPLY_PRIMING;
+        let prefix_tokens = match through {
+            Some(through) => self.view_until(conversation, through, end).tokens,
+            None => {
+                conversation.measured.head_tokens
+                    + conversation.message_tokens[..end].iter().sum::<u64>()
+                    + REPLY_PRIMING
+            }
+        };
+        let prompt_tokens = prefix_tokens + encoding.count(&user);
         let room = window.saturating_sub(self.config.margin_tokens.min(window / 16));
         if conversation.correction.apply(prompt_tokens) + max_tokens > room {
             return Ok(None);
@@ -284,24 +288,4 @@ impl Engine {
         let text = running.ok_or(SummaryError::Nothing)?;
         Ok(record::attach(&text, views, previous, encoding, allowance))
     }
-}
-
-/// What the first `end` elements of `conversation` cost as they were forwarded through `base`:
-/// its head, and every element the base did not replace (instructions, its pinned user
-/// message, those after its cut), counted whole (a base's cuts in the middle only make them
-/// smaller), less what the tool results it cleared freed (old results, before `end`).
-fn prefix_tokens(conversation: &Conversation, base: Option<&Checkpoint>, end: usize) -> u64 {
-    let covered = base.map_or(0, |b| b.covered.min(end));
-    let pinned = base.and_then(|b| b.pinned_user);
-    let elements: u64 = (0..end)
-        .filter(|&i| i >= covered || conversation.roles[i].is_instruction() || Some(i) == pinned)
-        .map(|i| conversation.message_tokens[i])
-        .sum();
-    let freed: u64 = base
-        .and_then(|b| b.cleared.as_ref())
-        .into_iter()
-        .flat_map(|c| &c.results)
-        .map(|r| r.freed_tokens)
-        .sum();
-    (conversation.measured.head_tokens + elements).saturating_sub(freed)
 }
