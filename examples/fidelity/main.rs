@@ -261,7 +261,7 @@ async fn run(args: &Args) -> Result<(), String> {
         let span: Vec<&Message> = chosen
             .messages
             .iter()
-            .map(|&i| &request.messages[i])
+            .map(|&i| &*request.messages[i])
             .collect();
         let mut files = FileOps::default();
         files.collect(span.iter().map(|m| m.view()));

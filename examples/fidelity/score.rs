@@ -101,8 +101,8 @@ pub struct SpanFacts {
 
 impl SpanFacts {
     /// Facts of the messages at `indices` of `messages`.
-    pub fn of(messages: &[Message], indices: &[usize]) -> SpanFacts {
-        let span: Vec<&Message> = indices.iter().map(|&i| &messages[i]).collect();
+    pub fn of(messages: &[std::sync::Arc<Message>], indices: &[usize]) -> SpanFacts {
+        let span: Vec<&Message> = indices.iter().map(|&i| &*messages[i]).collect();
         let mut files = FileOps::default();
         files.collect(span.iter().map(|m| m.view()));
         let paths = files.read.union(&files.modified).cloned().collect();

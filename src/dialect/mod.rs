@@ -51,6 +51,7 @@ pub mod overflow;
 pub mod registry;
 pub mod responses;
 pub mod scan;
+pub mod seen;
 pub mod splice;
 pub mod text;
 pub mod vocabulary;

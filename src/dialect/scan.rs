@@ -161,6 +161,29 @@ pub fn is_plain(json: &str) -> bool {
     true
 }
 
+/// How deep `json` nests: 0 for a scalar, 1 for a flat array or object.
+pub(super) fn depth(json: &str) -> usize {
+    let bytes = json.as_bytes();
+    let (mut depth, mut deepest) = (0usize, 0usize);
+    let mut at = 0;
+    while let Some(&byte) = bytes.get(at) {
+        match byte {
+            b'"' => {
+                at = skip_string(bytes, at);
+                continue;
+            }
+            b'{' | b'[' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+        at += 1;
+    }
+    deepest
+}
+
 /// The text of the JSON string `key` (quotes included), borrowed unless it holds escapes.
 fn key_text(key: &str) -> Cow<'_, str> {
     let inner = key.get(1..key.len().saturating_sub(1)).unwrap_or("");
@@ -170,7 +193,7 @@ fn key_text(key: &str) -> Cow<'_, str> {
     serde_json::from_str::<String>(key).map_or(Cow::Borrowed(""), Cow::Owned)
 }
 
-fn skip_whitespace(bytes: &[u8], mut at: usize) -> usize {
+pub(super) fn skip_whitespace(bytes: &[u8], mut at: usize) -> usize {
     while matches!(bytes.get(at), Some(b' ' | b'\n' | b'\r' | b'\t')) {
         at += 1;
     }
@@ -180,7 +203,7 @@ fn skip_whitespace(bytes: &[u8], mut at: usize) -> usize {
 /// The index just past the string that opens at `at` (a quote). Escapes are common inside
 /// strings (`\n` in file contents, `\"` in tool arguments), so the search stops only at quotes:
 /// a quote ends the string unless an odd number of backslashes comes right before it.
-fn skip_string(bytes: &[u8], at: usize) -> usize {
+pub(super) fn skip_string(bytes: &[u8], at: usize) -> usize {
     let mut at = at + 1;
     loop {
         let Some(offset) = bytes.get(at..).and_then(|rest| memchr(b'"', rest)) else {
@@ -200,7 +223,7 @@ fn skip_string(bytes: &[u8], at: usize) -> usize {
 }
 
 /// The index just past the value that starts at `at`.
-fn skip_value(bytes: &[u8], at: usize) -> usize {
+pub(super) fn skip_value(bytes: &[u8], at: usize) -> usize {
     match bytes.get(at) {
         None => at,
         Some(b'"') => skip_string(bytes, at),
@@ -241,7 +264,7 @@ fn skip_value(bytes: &[u8], at: usize) -> usize {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use proptest::prelude::*;
     use serde_json::{Map, Value};
@@ -290,7 +313,7 @@ mod tests {
     }
 
     /// Any JSON value, strings drawn to hold quotes, backslashes, brackets and non-ASCII.
-    fn value() -> impl Strategy<Value = Value> {
+    pub(in crate::dialect) fn value() -> impl Strategy<Value = Value> {
         let text = "[a-z\"\\\\{}\\[\\],: é\u{1F600}\n]{0,12}";
         let leaf = prop_oneof![
             Just(Value::Null),

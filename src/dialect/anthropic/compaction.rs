@@ -9,6 +9,8 @@ pub mod answer;
 
 pub use answer::{BlockFirst, Issued};
 
+use std::sync::Arc;
+
 use serde_json::{json, Value};
 
 use super::parse::{Author, Message, MessagesRequest};
@@ -205,7 +207,8 @@ pub fn drop_failed(request: &mut MessagesRequest) -> Result<(), RequestError> {
             && block.get("content").is_none_or(Value::is_null)
     };
     // Only a message with a compaction block has its blocks built.
-    let holds_failed = |m: &Message| m.has_block("compaction") && m.blocks().iter().any(failed);
+    let holds_failed =
+        |m: &Arc<Message>| m.has_block("compaction") && m.blocks().iter().any(failed);
     if !request.messages.iter().any(holds_failed) {
         return Ok(());
     }

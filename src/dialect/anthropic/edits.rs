@@ -9,6 +9,7 @@
 //! twice) is refused, never dropped.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use serde_json::{json, Map, Value};
 
@@ -286,6 +287,9 @@ pub fn apply(request: &mut MessagesRequest, clearing: &Clearing) {
         if !changed {
             continue;
         }
+        // The message may be shared with other requests (parsed once, found again by its
+        // bytes): the rewritten one is this request's own.
+        let message = Arc::make_mut(message);
         if let Ok(Value::Object(mut object)) = serde_json::from_str(message.raw.get()) {
             object.insert("content".into(), Value::Array(blocks.clone()));
             message.raw = to_raw(&Value::Object(object));

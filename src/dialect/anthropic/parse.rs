@@ -2,13 +2,14 @@
 //! ones survive untouched), each message's original bytes, and what compaction reads from them.
 //! Everything a client can get wrong is found here and reported as a [`RequestError`].
 
-use std::sync::OnceLock;
+use std::sync::{Arc, LazyLock, OnceLock};
 
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use super::read::{self, BlockHead, ContentField, RoleField};
 
+use crate::dialect::seen::{self, SeenElements, SEEN_BYTES};
 use crate::dialect::splice::{self, Elements, Fields};
 use crate::dialect::{CallSettings, RequestError};
 
@@ -126,44 +127,66 @@ pub struct MessagesRequest {
     pub fields: Fields,
     /// `max_output_tokens` is the body's `max_tokens`.
     pub settings: CallSettings,
-    pub messages: Vec<Message>,
+    pub messages: Vec<Arc<Message>>,
     /// Extended thinking is on (`thinking.type` `enabled` or `adaptive`): the turn in progress
     /// must then reach the provider unmodified, signatures included.
     pub thinking: bool,
 }
 
+/// Messages parsed before, found again by their bytes.
+static SEEN: LazyLock<SeenElements<Message>> = LazyLock::new(|| SeenElements::new(SEEN_BYTES));
+
+/// The split the [`seen`] one leaves a body to: every byte checked, the first error said
+/// exactly, in the order the fields are checked.
+fn split_exactly(body: &[u8]) -> Result<(Fields, Vec<Arc<Message>>), RequestError> {
+    let splice::Split { fields, elements } = splice::split_fields(body, "messages")?;
+    splice::required_model(&fields)?;
+    max_tokens(&fields)?;
+    let raw_messages = match elements {
+        None => return Err(RequestError::Missing("messages")),
+        Some(Elements::Array(list)) => list,
+        Some(_) => {
+            return Err(RequestError::Type {
+                field: "messages",
+                expected: "an array of messages",
+            })
+        }
+    };
+    let messages = raw_messages
+        .into_iter()
+        .enumerate()
+        .map(|(index, raw)| {
+            parse_message(raw)
+                .map(Arc::new)
+                .map_err(|reason| RequestError::Message { index, reason })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((fields, messages))
+}
+
+/// The body's `max_tokens`, refused unless a non-negative integer.
+fn max_tokens(fields: &Fields) -> Result<Option<u64>, RequestError> {
+    fields
+        .get("max_tokens")
+        .map(|raw| {
+            serde_json::from_str::<u64>(raw.get()).map_err(|_| RequestError::Type {
+                field: "max_tokens",
+                expected: "a non-negative integer",
+            })
+        })
+        .transpose()
+}
+
 impl MessagesRequest {
     pub fn parse(body: &[u8]) -> Result<MessagesRequest, RequestError> {
-        // One pass splits the messages out of the body; each is then read once.
-        let splice::Split { fields, elements } = splice::split_fields(body, "messages")?;
-        let model = splice::required_model(&fields)?;
-        let max_tokens =
-            match fields.get("max_tokens") {
-                None => None,
-                Some(raw) => Some(serde_json::from_str::<u64>(raw.get()).map_err(|_| {
-                    RequestError::Type {
-                        field: "max_tokens",
-                        expected: "a non-negative integer",
-                    }
-                })?),
-            };
-        let raw_messages = match elements {
-            None => return Err(RequestError::Missing("messages")),
-            Some(Elements::Array(list)) => list,
-            Some(_) => {
-                return Err(RequestError::Type {
-                    field: "messages",
-                    expected: "an array of messages",
-                })
-            }
+        // One pass splits the messages out of the body; each is then read once, or found
+        // parsed from the same bytes before.
+        let (fields, messages) = match seen::split(body, "messages", &SEEN, parse_message) {
+            Some(split) => split,
+            None => split_exactly(body)?,
         };
-        let messages = raw_messages
-            .into_iter()
-            .enumerate()
-            .map(|(index, raw)| {
-                parse_message(raw).map_err(|reason| RequestError::Message { index, reason })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let model = splice::required_model(&fields)?;
+        let max_tokens = max_tokens(&fields)?;
         check_pairs(&messages)?;
         if let Some(raw) = fields.get("system") {
             let system: Value = serde_json::from_str(raw.get()).unwrap_or(Value::Null);
@@ -278,7 +301,7 @@ fn text_block(text: &str) -> Value {
 }
 
 /// Every `tool_result` must answer a `tool_use` of the assistant message right before it.
-fn check_pairs(messages: &[Message]) -> Result<(), RequestError> {
+fn check_pairs(messages: &[Arc<Message>]) -> Result<(), RequestError> {
     for (index, message) in messages.iter().enumerate() {
         let results = message
             .heads_of("tool_result")

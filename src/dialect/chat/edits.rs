@@ -3,6 +3,8 @@
 //! messages it changes. Chat completions has no client-asked context edits: these serve the
 //! engine's own clearing before a summary.
 
+use std::sync::Arc;
+
 use serde_json::Value;
 
 use crate::dialect::edits::{Clearable, ClearableCall, ClearableResult, Clearing};
@@ -46,7 +48,7 @@ pub fn clearable(message: &Message, encoding: Encoding) -> Clearable {
 /// Writes `clearing` into the messages, rewriting only those it changes (a result's `content`
 /// becomes its stub; an emptied input's `arguments` becomes `{}`). Reasoning is not cleared:
 /// chat messages carry none the provider reads back.
-pub fn apply(messages: &mut [Message], clearing: &Clearing) {
+pub fn apply(messages: &mut [Arc<Message>], clearing: &Clearing) {
     for message in messages.iter_mut() {
         let rewritten = match message.role {
             Role::Tool => {
@@ -84,7 +86,7 @@ pub fn apply(messages: &mut [Message], clearing: &Clearing) {
             _ => continue,
         };
         if let Ok(cleared) = Message::parse(to_raw(&rewritten)) {
-            *message = cleared;
+            *message = Arc::new(cleared);
         }
     }
 }
@@ -94,8 +96,10 @@ mod tests {
     use super::*;
     use crate::dialect::edits::ClearedResult;
 
-    fn message(json: &str) -> Message {
-        Message::parse(serde_json::value::RawValue::from_string(json.into()).unwrap()).unwrap()
+    fn message(json: &str) -> Arc<Message> {
+        Arc::new(
+            Message::parse(serde_json::value::RawValue::from_string(json.into()).unwrap()).unwrap(),
+        )
     }
 
     #[test]

@@ -5,10 +5,11 @@
 //! Messages and `tools` are never re-serialized: the rewritten body splices their original bytes,
 //! so what the client sent reaches the provider byte for byte.
 
-use std::sync::OnceLock;
+use std::sync::{Arc, LazyLock, OnceLock};
 
 use serde_json::value::RawValue;
 
+use crate::dialect::seen::{self, SeenElements, SEEN_BYTES};
 use crate::dialect::{scan, splice};
 use crate::dialect::{CallSettings, MessageView, RequestError, Role, MAX_OUTPUT_TOKENS};
 
@@ -31,7 +32,7 @@ pub struct ChatRequest {
     fields: splice::Fields,
     /// `max_output_tokens` is `max_completion_tokens`, else `max_tokens`.
     pub settings: CallSettings,
-    pub messages: Vec<Message>,
+    pub messages: Vec<Arc<Message>>,
     /// Whether the client itself asked for `stream_options.include_usage`.
     pub client_wants_usage: bool,
     /// Whether bodies written for the provider ask for it on the client's behalf
@@ -44,25 +45,11 @@ impl ChatRequest {
         // One pass over the body: each message is copied out once, everything else is kept as
         // raw JSON. Syntax errors are reported with their line and column even for bodies that
         // are not objects.
-        let splice::Split { fields, elements } = splice::split_fields(body, "messages")?;
-        let model = splice::required_model(&fields)?;
-        let raw_messages = match elements {
-            None => return Err(RequestError::Missing("messages")),
-            Some(splice::Elements::Array(list)) => list,
-            Some(_) => {
-                return Err(RequestError::Type {
-                    field: "messages",
-                    expected: "an array",
-                })
-            }
+        let (fields, messages) = match seen::split(body, "messages", &SEEN, Message::parse) {
+            Some(split) => split,
+            None => split_exactly(body)?,
         };
-        let messages = raw_messages
-            .into_iter()
-            .enumerate()
-            .map(|(index, raw)| {
-                Message::parse(raw).map_err(|reason| RequestError::Message { index, reason })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let model = splice::required_model(&fields)?;
         let bool_field = |name: &str| {
             fields
                 .get(name)
@@ -151,6 +138,34 @@ impl ChatRequest {
             .map(|(k, v)| k.len() + v.get().len() + 4)
             .sum()
     }
+}
+
+/// Messages parsed before, found again by their bytes.
+static SEEN: LazyLock<SeenElements<Message>> = LazyLock::new(|| SeenElements::new(SEEN_BYTES));
+
+/// The split the [`seen`] one leaves a body to: every byte checked, errors said exactly.
+fn split_exactly(body: &[u8]) -> Result<(splice::Fields, Vec<Arc<Message>>), RequestError> {
+    let splice::Split { fields, elements } = splice::split_fields(body, "messages")?;
+    let raw_messages = match elements {
+        None => return Err(RequestError::Missing("messages")),
+        Some(splice::Elements::Array(list)) => list,
+        Some(_) => {
+            return Err(RequestError::Type {
+                field: "messages",
+                expected: "an array",
+            })
+        }
+    };
+    let messages = raw_messages
+        .into_iter()
+        .enumerate()
+        .map(|(index, raw)| {
+            Message::parse(raw)
+                .map(Arc::new)
+                .map_err(|reason| RequestError::Message { index, reason })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((fields, messages))
 }
 
 impl Message {

@@ -3,6 +3,8 @@
 //! has no client-asked edits of this kind: these serve the engine's own clearing before a
 //! summary, the same as for chat completions and Messages.
 
+use std::sync::Arc;
+
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
@@ -46,7 +48,7 @@ pub fn clearable(item: &Item, encoding: Encoding) -> Clearable {
 
 /// The items `clearing` changes, rewritten: a result's `output` becomes its stub; an emptied
 /// input's `arguments` becomes `{}` (a custom tool's `input`, ""). Every other item is left out.
-pub fn replacements(items: &[Item], clearing: &Clearing) -> Vec<(usize, Box<RawValue>)> {
+pub fn replacements(items: &[Arc<Item>], clearing: &Clearing) -> Vec<(usize, Box<RawValue>)> {
     let mut replacements = Vec::new();
     for (index, item) in items.iter().enumerate() {
         let Some(id) = item.call_id.as_deref() else {
@@ -93,9 +95,11 @@ mod tests {
         {"type":"function_call_output","call_id":"b","output":[{"type":"input_text","text":"fn b() {}"}]}
     ]"#;
 
-    fn items() -> Vec<Item> {
+    fn items() -> Vec<Arc<Item>> {
         let raw: Vec<Box<RawValue>> = serde_json::from_str(INPUT).unwrap();
-        raw.into_iter().map(|r| Item::parse(r).unwrap()).collect()
+        raw.into_iter()
+            .map(|r| Arc::new(Item::parse(r).unwrap()))
+            .collect()
     }
 
     #[test]

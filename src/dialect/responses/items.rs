@@ -8,6 +8,7 @@
 //! `i - 1` is not reasoning, and every call before `i` has its output before `i`.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use crate::dialect::{scan, Role};
 use serde_json::value::RawValue;
@@ -85,7 +86,7 @@ impl Item {
 /// outputs then read as [`Role::Tool`], the rest as [`Role::Other`]. An opaque compaction item
 /// the proxy cannot read is pinned like an instruction ([`Role::System`]): it stands for what
 /// came before it, which no summary of ours may replace.
-pub fn roles(items: &[Item]) -> Vec<Role> {
+pub fn roles(items: &[Arc<Item>]) -> Vec<Role> {
     let mut roles = Vec::with_capacity(items.len());
     let mut open_calls: Vec<&str> = Vec::new();
     for (i, item) in items.iter().enumerate() {
@@ -217,9 +218,11 @@ pub fn readable(item: &Item) -> Option<(String, String)> {
 mod tests {
     use super::*;
 
-    fn items(json: &str) -> Vec<Item> {
+    fn items(json: &str) -> Vec<Arc<Item>> {
         let list: Vec<Box<RawValue>> = serde_json::from_str(json).unwrap();
-        list.into_iter().map(|r| Item::parse(r).unwrap()).collect()
+        list.into_iter()
+            .map(|r| Arc::new(Item::parse(r).unwrap()))
+            .collect()
     }
 
     const STEP: &str = r#"[

@@ -1,12 +1,15 @@
 //! A parsed `POST /responses` body: top-level fields kept raw in their order, `input` split into
 //! items, and the body written back through a checkpoint.
 
+use std::sync::{Arc, LazyLock};
+
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use super::items::{self, Item, ItemKind};
 use crate::dialect::media::{self, Billing, Media, MediaCost};
 use crate::dialect::media_parts;
+use crate::dialect::seen::{self, SeenElements, SEEN_BYTES};
 use crate::dialect::splice::{self, to_raw, Fields};
 use crate::dialect::text::{
     cut_middle, cut_texts, part_texts, Arguments, TRANSCRIPT_MESSAGE_CHARS, TRANSCRIPT_RESULT_CHARS,
@@ -29,36 +32,51 @@ pub struct ResponsesRequest {
     /// The body exactly as it arrived.
     original: Vec<u8>,
     settings: CallSettings,
-    pub(super) items: Vec<Item>,
+    pub(super) items: Vec<Arc<Item>>,
     roles: Vec<Role>,
+}
+
+/// Items parsed before, found again by their bytes.
+static SEEN: LazyLock<SeenElements<Item>> = LazyLock::new(|| SeenElements::new(SEEN_BYTES));
+
+/// The split the [`seen`] one leaves a body to (a string input among them): every byte checked,
+/// errors said exactly.
+fn split_exactly(body: &[u8]) -> Result<(Fields, Vec<Arc<Item>>), RequestError> {
+    let splice::Split { fields, elements } = splice::split_fields(body, "input")?;
+    let raw_items: Vec<Box<RawValue>> = match elements {
+        None => return Err(RequestError::Missing("input")),
+        // A string input is one user message.
+        Some(splice::Elements::Text(text)) => {
+            vec![to_raw(&json!({"role": "user", "content": text}))]
+        }
+        Some(splice::Elements::Array(items)) => items,
+        Some(splice::Elements::Other) => {
+            return Err(RequestError::Type {
+                field: "input",
+                expected: "a string or an array of items",
+            })
+        }
+    };
+    let items = raw_items
+        .into_iter()
+        .enumerate()
+        .map(|(index, raw)| {
+            Item::parse(raw)
+                .map(Arc::new)
+                .map_err(|reason| RequestError::Item { index, reason })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((fields, items))
 }
 
 impl ResponsesRequest {
     pub fn parse(body: &[u8]) -> Result<ResponsesRequest, RequestError> {
         // One pass splits the items out of the body; each is then read once.
-        let splice::Split { fields, elements } = splice::split_fields(body, "input")?;
-        let model = splice::required_model(&fields)?;
-        let raw_items: Vec<Box<RawValue>> = match elements {
-            None => return Err(RequestError::Missing("input")),
-            // A string input is one user message.
-            Some(splice::Elements::Text(text)) => {
-                vec![to_raw(&json!({"role": "user", "content": text}))]
-            }
-            Some(splice::Elements::Array(items)) => items,
-            Some(splice::Elements::Other) => {
-                return Err(RequestError::Type {
-                    field: "input",
-                    expected: "a string or an array of items",
-                })
-            }
+        let (fields, items) = match seen::split(body, "input", &SEEN, Item::parse) {
+            Some(split) => split,
+            None => split_exactly(body)?,
         };
-        let items = raw_items
-            .into_iter()
-            .enumerate()
-            .map(|(index, raw)| {
-                Item::parse(raw).map_err(|reason| RequestError::Item { index, reason })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let model = splice::required_model(&fields)?;
         let roles = items::roles(&items);
         let stream = fields
             .get("stream")
@@ -131,7 +149,7 @@ impl ResponsesRequest {
         for (index, raw) in replacements {
             let item = Item::parse(raw).map_err(|reason| RequestError::Item { index, reason })?;
             if let Some(slot) = self.items.get_mut(index) {
-                *slot = item;
+                *slot = Arc::new(item);
             }
         }
         self.items_changed();
