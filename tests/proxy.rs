@@ -623,10 +623,12 @@ async fn repeated_conversation_plus_one_turn_hits_the_cache() {
     let mock = start_mock().await;
     let proxy = start_proxy(config(&mock.url())).await;
     let meter = proxy.app.engine.meter();
+    // Messages no other test sends: a message parsed before in this process carries its count,
+    // and this one watches the meter's own cache fill.
     let mut conversation = json!({"model": "gpt-4o", "messages": [
-        {"role": "system", "content": "You are a careful assistant."},
-        {"role": "user", "content": "hello world"},
-        {"role": "assistant", "content": "Hello there"}
+        {"role": "system", "content": "You are a careful assistant, counted once."},
+        {"role": "user", "content": "hello world, counted once"},
+        {"role": "assistant", "content": "Hello there, counted once"}
     ]});
     let before = meter.cached();
     let (first, _) = prompt_tokens(&proxy, &conversation).await;
@@ -640,10 +642,10 @@ async fn repeated_conversation_plus_one_turn_hits_the_cache() {
     conversation["messages"]
         .as_array_mut()
         .unwrap()
-        .push(json!({"role": "user", "content": "and now?"}));
+        .push(json!({"role": "user", "content": "and now, counted once?"}));
     let (longer, _) = prompt_tokens(&proxy, &conversation).await;
     assert_eq!(meter.cached(), after_first + 1);
-    let new_turn = 3 + 1 + compactor::tokenizer::Encoding::O200k.count("and now?");
+    let new_turn = 3 + 1 + compactor::tokenizer::Encoding::O200k.count("and now, counted once?");
     assert_eq!(longer, first + new_turn);
 }
 

@@ -77,11 +77,15 @@ pub fn identity_short(anchor: &Hash) -> String {
     crate::identity::hex(anchor)[..16].to_string()
 }
 
-/// Requests up to this size (their elements' and head's bytes) are counted on the async worker
-/// that has them. Counting is linear in the text, so that is a fraction of a millisecond (a few
-/// at worst, for a run without whitespace), less than the thread hand-offs of the blocking pool
-/// cost the small requests most clients send.
+/// Requests with up to this much left to count (elements not counted before, and the head) are
+/// counted on the async worker that has them. Counting is linear in the text, so that is a
+/// fraction of a millisecond (a few at worst, for a run without whitespace), less than the
+/// thread hand-offs of the blocking pool cost the small requests most clients send.
 const COUNT_INLINE_MAX_BYTES: usize = 4 * 1024;
+/// Largest pinned head (tools, system) measured on the async worker when every element already
+/// carries its count: a head seen before costs a hash (about a microsecond per 10 KB), a new one
+/// is counted once per distinct head.
+const HEAD_INLINE_MAX_BYTES: usize = 64 * 1024;
 pub use learn::{tenant_tag, SentCount};
 pub use outcome::{
     CannotFit, Mode, Outcome, Prepared, Refusal, RequestContext, Status, SummaryError,
@@ -411,16 +415,22 @@ impl Engine {
         self.count(request).await.total()
     }
 
-    /// Counts the request's tokens: a small request on this worker, a large one on the blocking
-    /// pool, so that an odd body never holds up the async workers (health checks, other
-    /// clients); the count stops when this future is dropped (the client left). Counts land in
-    /// the meter's cache either way.
+    /// Counts the request's tokens: one with little left to count (a small request, or a long
+    /// conversation whose elements were all counted before) on this worker, the rest on the
+    /// blocking pool, so that an odd body never holds up the async workers (health checks,
+    /// other clients); the count stops when this future is dropped (the client left). Counts
+    /// land in the meter's cache either way.
     async fn count(&self, request: &Arc<dyn WireRequest>) -> Measured {
-        let bytes: usize = (0..request.len())
+        // What is left to hash or count: elements measured before carry their facts.
+        let encoding = Encoding::for_model(request.model());
+        let uncounted: usize = (0..request.len())
+            .filter(|&i| request.counted(i).and_then(|c| c.get(encoding)).is_none())
             .map(|i| request.raw(i).len())
-            .sum::<usize>()
-            + request.head_parts().iter().map(|p| p.len()).sum::<usize>();
-        if bytes <= COUNT_INLINE_MAX_BYTES {
+            .sum();
+        let head: usize = request.head_parts().iter().map(|p| p.len()).sum();
+        if uncounted + head <= COUNT_INLINE_MAX_BYTES
+            || (uncounted <= COUNT_INLINE_MAX_BYTES && head <= HEAD_INLINE_MAX_BYTES)
+        {
             return self.meter.measure(request.as_ref());
         }
         let cancel = Cancel::default();

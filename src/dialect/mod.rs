@@ -162,6 +162,11 @@ pub trait WireRequest: Send + Sync {
     fn role(&self, index: usize) -> Role;
     /// The element's original bytes, forwarded verbatim when it is kept.
     fn raw(&self, index: usize) -> &str;
+    /// What the meter learned of the element, kept with it ([`seen::Counted`]); `None` where
+    /// a dialect keeps nothing (the meter's own cache still knows it).
+    fn counted(&self, _index: usize) -> Option<&seen::Counted> {
+        None
+    }
     /// Hash of the element's canonical form (see [`crate::identity::canonical_hash`]): what a
     /// client re-serializes differently from request to request must hash the same.
     fn canonical(&self, index: usize) -> Hash;

@@ -18,17 +18,23 @@
 //! in the words it always used.
 //!
 //! An element is a pure function of its bytes, so one tenant's parse may serve another's: what
-//! is shared is what both sent, never anything of either beyond it.
+//! is shared is what both sent, never anything of either beyond it. The same holds of what the
+//! meter learns of an element (its tokens and canonical hash, per encoding): it is kept with the
+//! parsed element ([`Counted`]), so an element seen before is measured without hashing its
+//! bytes again.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use quick_cache::sync::Cache;
 use quick_cache::Weighter;
 use serde_json::value::RawValue;
 use xxhash_rust::xxh3::Xxh3;
 
+use super::media::MediaCost;
 use super::scan;
 use super::splice::Fields;
+use crate::identity::Hash;
+use crate::tokenizer::Encoding;
 
 /// How many bytes of elements each dialect keeps parsed: a few long conversations' worth.
 pub const SEEN_BYTES: u64 = 32 * 1024 * 1024;
@@ -39,6 +45,41 @@ const CHECKED_DEPTH: usize = 100;
 
 /// The size of the keys' secret: XXH3's default secret's.
 const KEY_SECRET: usize = 192;
+
+/// What the meter knows of one element of a conversation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ElementFacts {
+    /// Hash of the element's canonical form (see [`super::WireRequest::canonical`]).
+    pub canonical: Hash,
+    /// Tokens, overhead included.
+    pub tokens: u64,
+    /// How its media were costed ([`super::WireRequest::media_cost`]).
+    pub media: MediaCost,
+}
+
+/// An element's [`ElementFacts`] per encoding, kept with the parsed element for as long as it
+/// lives (requests and the cache of elements seen share it). A copy starts empty: a copy is
+/// made to be rewritten, and its facts would then be another element's.
+#[derive(Debug, Default)]
+pub struct Counted([OnceLock<ElementFacts>; 2]);
+
+impl Counted {
+    pub fn get(&self, encoding: Encoding) -> Option<ElementFacts> {
+        self.0.get(usize::from(encoding.index()))?.get().copied()
+    }
+
+    pub fn set(&self, encoding: Encoding, facts: ElementFacts) {
+        if let Some(slot) = self.0.get(usize::from(encoding.index())) {
+            let _ = slot.set(facts);
+        }
+    }
+}
+
+impl Clone for Counted {
+    fn clone(&self) -> Counted {
+        Counted::default()
+    }
+}
 
 /// Parsed elements of one dialect, by a keyed hash of their bytes, bounded by bytes.
 pub struct SeenElements<T> {

@@ -21,16 +21,7 @@ use crate::dialect::WireRequest;
 use crate::identity::Hash;
 use crate::tokenizer::{Cancel, Encoding, REPLY_PRIMING};
 
-/// What the cache knows of one element of a conversation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ElementFacts {
-    /// Hash of the element's canonical form (see [`WireRequest::canonical`]).
-    pub canonical: Hash,
-    /// Tokens, overhead included.
-    pub tokens: u64,
-    /// How its media were costed ([`WireRequest::media_cost`]).
-    pub media: MediaCost,
-}
+pub use crate::dialect::seen::ElementFacts;
 
 /// The measurement of a whole request.
 #[derive(Debug, Clone)]
@@ -109,7 +100,8 @@ impl Meter {
         })
     }
 
-    /// Facts about one element, from the cache when its exact bytes were seen before in the
+    /// Facts about one element: kept with the element when it was measured before (a parsed
+    /// element seen before), else from the cache when its exact bytes were seen before in the
     /// same dialect.
     fn element_until(
         &self,
@@ -118,16 +110,26 @@ impl Meter {
         index: usize,
         cancel: &Cancel,
     ) -> Option<ElementFacts> {
-        let key = self.cache_key(encoding.index(), request.dialect(), [request.raw(index)]);
-        if let Some(found) = self.cache.get(&key) {
-            return Some(found);
+        let counted = request.counted(index);
+        if let Some(facts) = counted.and_then(|c| c.get(encoding)) {
+            return Some(facts);
         }
-        let facts = ElementFacts {
-            canonical: request.canonical(index),
-            tokens: request.tokens_until(encoding, index, cancel)?,
-            media: request.media_cost(index),
+        let key = self.cache_key(encoding.index(), request.dialect(), [request.raw(index)]);
+        let facts = match self.cache.get(&key) {
+            Some(found) => found,
+            None => {
+                let facts = ElementFacts {
+                    canonical: request.canonical(index),
+                    tokens: request.tokens_until(encoding, index, cancel)?,
+                    media: request.media_cost(index),
+                };
+                self.cache.insert(key, facts);
+                facts
+            }
         };
-        self.cache.insert(key, facts);
+        if let Some(counted) = counted {
+            counted.set(encoding, facts);
+        }
         Some(facts)
     }
 
@@ -198,18 +200,68 @@ mod tests {
 
     #[test]
     fn repeated_conversation_hits_the_cache() {
+        // Messages no other test parses: one parsed before in this process brings its count
+        // with it, and the meter's own cache would not fill.
         let meter = Meter::new(100);
         let first = ChatRequest::parse(
-            br#"{"model":"gpt-4o","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hi"}]}"#,
+            br#"{"model":"gpt-4o","messages":[{"role":"system","content":"be brief, cache"},{"role":"user","content":"hi, cache"}]}"#,
         )
         .unwrap();
         let a = meter.measure(&first);
         assert_eq!(meter.cached(), 2);
-        let next = ChatRequest::parse(br#"{"model":"gpt-4o","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hi"},{"role":"assistant","content":"hello"}]}"#).unwrap();
+        let next = ChatRequest::parse(br#"{"model":"gpt-4o","messages":[{"role":"system","content":"be brief, cache"},{"role":"user","content":"hi, cache"},{"role":"assistant","content":"hello, cache"}]}"#).unwrap();
         let b = meter.measure(&next);
         // Only the new message was tokenized and added.
         assert_eq!(meter.cached(), 3);
         assert_eq!(a.elements[..], b.elements[..2]);
+    }
+
+    #[test]
+    fn an_element_parsed_before_brings_its_count() {
+        let body = br#"{"model":"gpt-4o","messages":[{"role":"user","content":"counted once, kept with the message"}]}"#;
+        let first = ChatRequest::parse(body).unwrap();
+        let measured = Meter::new(100).measure(&first);
+        // The same bytes again are the same parsed message, its facts with it: a meter that has
+        // never seen it measures it alike without counting or caching anything.
+        let again = ChatRequest::parse(body).unwrap();
+        let fresh = Meter::new(100);
+        assert_eq!(
+            fresh.measure(&again).elements,
+            measured.elements,
+            "facts carried by the element"
+        );
+        assert_eq!(fresh.cached(), 0);
+    }
+
+    #[test]
+    fn a_cleared_message_is_counted_again() {
+        use crate::dialect::anthropic::parse::MessagesRequest;
+        use crate::dialect::edits::{ClearedResult, Clearing};
+        use crate::dialect::WireRequest;
+        let result = "a long tool result ".repeat(200);
+        let body = format!(
+            r#"{{"model":"claude-sonnet-4-5","max_tokens":100,"messages":[{{"role":"user","content":"read it"}},{{"role":"assistant","content":[{{"type":"tool_use","id":"t1","name":"read","input":{{}}}}]}},{{"role":"user","content":[{{"type":"tool_result","tool_use_id":"t1","content":"{result}"}}]}}]}}"#
+        );
+        let meter = Meter::new(100);
+        let before = meter.measure(&MessagesRequest::parse(body.as_bytes()).unwrap());
+        let mut cleared = MessagesRequest::parse(body.as_bytes()).unwrap();
+        cleared.apply_clearing(&Clearing {
+            results: vec![ClearedResult {
+                call_id: "t1".into(),
+                stub: "[cleared]".into(),
+            }],
+            ..Clearing::default()
+        });
+        let after = meter.measure(&cleared);
+        assert!(
+            after.elements[2].tokens * 10 < before.elements[2].tokens,
+            "{} then {}",
+            before.elements[2].tokens,
+            after.elements[2].tokens
+        );
+        // The shared message keeps the facts of its own bytes.
+        let untouched = meter.measure(&MessagesRequest::parse(body.as_bytes()).unwrap());
+        assert_eq!(untouched.elements, before.elements);
     }
 
     #[test]
@@ -231,7 +283,7 @@ mod tests {
     fn a_cancelled_measurement_stops_and_caches_nothing() {
         let meter = Meter::new(100);
         let request = ChatRequest::parse(
-            br#"{"model":"gpt-4o","messages":[{"role":"user","content":"hello world"}]}"#,
+            br#"{"model":"gpt-4o","messages":[{"role":"user","content":"hello, cancelled"}]}"#,
         )
         .unwrap();
         let cancel = Cancel::default();

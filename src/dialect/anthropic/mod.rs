@@ -180,6 +180,10 @@ impl WireRequest for MessagesRequest {
         self.messages[index].raw.get()
     }
 
+    fn counted(&self, index: usize) -> Option<&crate::dialect::seen::Counted> {
+        self.messages.get(index).map(|element| &element.counted)
+    }
+
     fn canonical(&self, index: usize) -> Hash {
         let canonical = parse::canonical(&self.messages[index]).to_string();
         let raw = RawValue::from_string(canonical).expect("serde_json output is valid JSON");

@@ -9,7 +9,7 @@ use serde_json::{Map, Value};
 
 use super::read::{self, BlockHead, ContentField, RoleField};
 
-use crate::dialect::seen::{self, SeenElements, SEEN_BYTES};
+use crate::dialect::seen::{self, Counted, SeenElements, SEEN_BYTES};
 use crate::dialect::splice::{self, Elements, Fields};
 use crate::dialect::{CallSettings, RequestError};
 
@@ -56,6 +56,8 @@ pub struct Message {
     heads: Vec<BlockHead>,
     /// The content as blocks (a string is one text block), built on first use.
     blocks: OnceLock<Vec<Value>>,
+    /// What the meter learned of it.
+    pub counted: Counted,
 }
 
 impl Message {
@@ -66,6 +68,7 @@ impl Message {
 
     /// Replaces the blocks (the bytes are the caller's to rewrite).
     pub fn set_blocks(&mut self, blocks: Vec<Value>) {
+        self.counted = Counted::default();
         self.heads = blocks.iter().map(BlockHead::of).collect();
         self.blocks = OnceLock::from(blocks);
     }
@@ -290,6 +293,7 @@ fn parse_message(raw: Box<RawValue>) -> Result<Message, String> {
         role,
         heads,
         blocks: OnceLock::new(),
+        counted: Counted::default(),
     })
 }
 

@@ -154,6 +154,10 @@ impl WireRequest for ChatRequest {
         self.messages[index].raw.get()
     }
 
+    fn counted(&self, index: usize) -> Option<&crate::dialect::seen::Counted> {
+        self.messages.get(index).map(|element| &element.counted)
+    }
+
     fn clearable(&self, encoding: Encoding, index: usize) -> Clearable {
         edits::clearable(&self.messages[index], encoding)
     }

@@ -9,7 +9,7 @@ use std::sync::{Arc, LazyLock, OnceLock};
 
 use serde_json::value::RawValue;
 
-use crate::dialect::seen::{self, SeenElements, SEEN_BYTES};
+use crate::dialect::seen::{self, Counted, SeenElements, SEEN_BYTES};
 use crate::dialect::{scan, splice};
 use crate::dialect::{CallSettings, MessageView, RequestError, Role, MAX_OUTPUT_TOKENS};
 
@@ -23,6 +23,8 @@ pub struct Message {
     pub raw: Box<RawValue>,
     pub role: Role,
     view: OnceLock<MessageView>,
+    /// What the meter learned of it.
+    pub counted: Counted,
 }
 
 /// A parsed `POST /chat/completions` body.
@@ -186,6 +188,7 @@ impl Message {
             role: Role::parse(&role),
             raw,
             view: OnceLock::new(),
+            counted: Counted::default(),
         })
     }
 

@@ -10,6 +10,7 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
+use crate::dialect::seen::Counted;
 use crate::dialect::{scan, Role};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
@@ -38,6 +39,8 @@ pub struct Item {
     pub raw: Box<RawValue>,
     pub kind: ItemKind,
     pub call_id: Option<String>,
+    /// What the meter learned of it.
+    pub counted: Counted,
 }
 
 impl Item {
@@ -68,7 +71,12 @@ impl Item {
             return Err("a tool output needs a `call_id`".into());
         }
         let call_id = call_id.map(Cow::into_owned);
-        Ok(Item { raw, kind, call_id })
+        Ok(Item {
+            raw,
+            kind,
+            call_id,
+            counted: Counted::default(),
+        })
     }
 
     pub fn is_instruction(&self) -> bool {

@@ -303,6 +303,10 @@ impl WireRequest for ResponsesRequest {
         self.items[index].raw.get()
     }
 
+    fn counted(&self, index: usize) -> Option<&crate::dialect::seen::Counted> {
+        self.items.get(index).map(|element| &element.counted)
+    }
+
     fn canonical(&self, index: usize) -> Hash {
         identity::canonical_hash(&to_raw(&items::canonical(&self.items[index].raw)))
     }
