@@ -21,7 +21,7 @@
 //! [`config`] loads settings, [`metrics`] exports Prometheus counters, [`telemetry`] exports
 //! OpenTelemetry traces (each request a span, continuing the client's trace and passed on to the
 //! provider), [`server`] builds the application and serves it with graceful shutdown, [`cli`]
-//! holds the subcommands.
+//! holds the subcommands, [`log_writer`] writes the log.
 //!
 //! ## Layers
 //!
@@ -29,7 +29,7 @@
 //! on a cycle or an import against this order):
 //!
 //! 1. foundations, importing nothing of the crate: [`tokenizer`], [`identity`], [`store`],
-//!    [`config`], [`metrics`];
+//!    [`config`], [`metrics`], [`log_writer`];
 //! 2. [`dialect`]: the seam and, each in its own folder, the wire formats; beside it
 //!    [`telemetry`], which knows only the configuration;
 //! 3. [`measure`], then [`compaction`] (the core: it imports the seam, never a dialect);
@@ -41,6 +41,7 @@ pub mod config;
 pub mod dialect;
 pub mod http;
 pub mod identity;
+pub mod log_writer;
 pub mod measure;
 pub mod metrics;
 pub mod server;

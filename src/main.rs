@@ -1,12 +1,12 @@
 //! `compactor`: parse the command line, load configuration, start logging, run.
 
-use std::io::BufWriter;
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
 use compactor::cli::{self, Cli, Command};
 use compactor::config::{CliOverrides, LogFormat};
-use tracing_appender::non_blocking::WorkerGuard;
+use compactor::log_writer::{self, Batching, FlushOnDrop};
 use tracing_subscriber::EnvFilter;
 
 /// jemalloc rather than the system allocator: after a burst of large bodies, glibc's malloc keeps
@@ -15,20 +15,19 @@ use tracing_subscriber::EnvFilter;
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
-/// Starts logging. Lines are formatted on the thread that logs them and written to stderr by a
-/// thread of their own, in batches (a buffered writer flushed whenever the queue runs dry), so
-/// that a request never waits for a `write` to stderr. Not lossy: when the queue is full, the
-/// logging thread waits, rather than the request log missing lines. The returned guard flushes
-/// what is queued when it is dropped.
-fn init_logs(format: LogFormat) -> WorkerGuard {
+/// Starts logging. Lines are formatted on the thread that logs them and written to stderr in
+/// batches by a thread of their own ([`log_writer`]), so that a request never waits for a
+/// `write` to stderr nor wakes a thread for its line. Not lossy: when too much is waiting, the
+/// logging thread waits rather than the request log missing lines. The returned guard writes
+/// what is waiting when it is dropped. Colors only on a terminal: a log file or a container's
+/// log is read by tools, and escape codes there are noise (and a third of each line's bytes).
+fn init_logs(format: LogFormat) -> FlushOnDrop {
     let filter =
         EnvFilter::try_from_env("COMPACTOR_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
-    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
-        .lossy(false)
-        .thread_name("compactor-log")
-        .finish(BufWriter::with_capacity(64 * 1024, std::io::stderr()));
+    let (writer, guard) = log_writer::start(std::io::stderr(), Batching::default());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(writer);
     compactor::http::log::set_json_format(format == LogFormat::Json);
     match format {

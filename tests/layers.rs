@@ -16,6 +16,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("store", 0),
     ("config", 0),
     ("metrics", 0),
+    ("log_writer", 0),
     ("dialect", 1),
     ("telemetry", 1),
     ("measure", 2),

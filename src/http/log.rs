@@ -41,15 +41,19 @@ impl<T: fmt::Display> fmt::Display for Escaped<T> {
         if quoted {
             f.write_str("\"")?;
         }
-        for c in shown.chars() {
+        // Plain runs are written whole: this runs on every request's log line.
+        let escaped = |c: char| c.is_control() || (quoted && (c == '"' || c == '\\'));
+        let mut rest = shown;
+        while let Some((at, c)) = rest.char_indices().find(|&(_, c)| escaped(c)) {
+            f.write_str(&rest[..at])?;
             if c.is_control() {
                 write!(f, "{}", c.escape_default())?;
-            } else if quoted && (c == '"' || c == '\\') {
-                write!(f, "\\{c}")?;
             } else {
-                write!(f, "{c}")?;
+                write!(f, "\\{c}")?;
             }
+            rest = &rest[at + c.len_utf8()..];
         }
+        f.write_str(rest)?;
         if cut < text.len() {
             write!(f, "…(+{} bytes)", text.len() - cut)?;
         }
