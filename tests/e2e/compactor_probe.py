@@ -18,11 +18,22 @@ import json
 import os
 import re
 import sys
+import time
 import urllib.request
+
+
+# Compactor writes its log in batches, at most 20 ms after a line is logged: a reader waits out
+# a batch or two before taking an offset or reading, so that the lines logged just before are in.
+LOG_BATCH_SECONDS = 0.1
+
+
+def settle_log() -> None:
+    time.sleep(LOG_BATCH_SECONDS)
 
 
 def read_events(path: str, since: int, until: int | None = None) -> list[dict]:
     """The log's events from byte offset `since` (up to `until`, when given)."""
+    settle_log()
     events = []
     with open(path, "rb") as f:
         f.seek(since)
@@ -68,6 +79,7 @@ def main() -> int:
     args = parser.parse_args()
 
     if args.cmd == "mark":
+        settle_log()
         print(os.path.getsize(args.log) if os.path.exists(args.log) else 0)
         return 0
 
