@@ -174,13 +174,23 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for BatchedLog {
     }
 }
 
+/// How long the end of logging waits for the last write: a stderr nobody reads (a full pipe)
+/// must not keep the process from exiting.
+const LAST_WRITE_WAIT: Duration = Duration::from_secs(1);
+
 impl Drop for FlushOnDrop {
     fn drop(&mut self) {
         self.shared.lock().closing = true;
         self.shared.wake.notify_one();
         self.shared.room.notify_all();
         if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
+            let deadline = std::time::Instant::now() + LAST_WRITE_WAIT;
+            while !thread.is_finished() && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            if thread.is_finished() {
+                let _ = thread.join();
+            }
         }
     }
 }
@@ -225,7 +235,12 @@ mod tests {
     #[test]
     fn lines_logged_close_together_are_written_in_one_piece_and_in_order() {
         let out = Recorder::default();
-        let (log, end) = start(out.clone(), Batching::default());
+        // Long enough that a busy machine cannot split the loop below across two batches.
+        let batching = Batching {
+            gather: Duration::from_millis(500),
+            ..Batching::default()
+        };
+        let (log, end) = start(out.clone(), batching);
         for i in 0..100 {
             line(&mut log.clone(), &format!("line {i}"));
         }
@@ -297,6 +312,31 @@ mod tests {
             assert_eq!(lines, expected, "thread {t}'s lines, in order");
         }
         assert!(out.write_count() > 1);
+    }
+
+    /// An output that never returns from `write`, like a pipe nobody reads.
+    struct Stuck;
+
+    impl Write for Stuck {
+        fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+            std::thread::sleep(Duration::from_secs(3600));
+            Ok(0)
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn an_output_that_never_takes_the_lines_does_not_hold_the_end() {
+        let (mut log, end) = start(Stuck, Batching::default());
+        line(&mut log, "never written");
+        std::thread::sleep(Duration::from_millis(50));
+        let started = Instant::now();
+        drop(end);
+        let waited = started.elapsed();
+        assert!(waited >= LAST_WRITE_WAIT, "{waited:?}");
+        assert!(waited < LAST_WRITE_WAIT * 5, "{waited:?}");
     }
 
     #[test]
