@@ -53,6 +53,7 @@ pub struct Config {
     pub body_read_timeout_ms: u64,
     pub max_connections: usize,
     pub max_in_flight_body_bytes: usize,
+    pub seen_elements_bytes: u64,
     pub gateway_keys_file: String,
     pub gateway_keys_env: String,
     pub windows: BTreeMap<String, u64>,

@@ -8,11 +8,15 @@ use std::collections::HashSet;
 use std::sync::atomic::AtomicU64;
 use std::sync::Mutex;
 
-use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
-use prometheus_client::metrics::counter::Counter;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeLabelSet, EncodeLabelValue, EncodeMetric,
+};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -309,6 +313,14 @@ impl Metrics {
     }
 
     /// The Prometheus text exposition.
+    /// Adds the counts of conversation elements reused by their bytes, which each wire format
+    /// keeps itself: `read` is called at every scrape.
+    pub fn reading_seen_elements(mut self, read: fn() -> Vec<SeenElementsRow>) -> Self {
+        self.registry
+            .register_collector(Box::new(SeenElementsCollector(read)));
+        self
+    }
+
     pub fn render(&self) -> String {
         let mut out = String::new();
         if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
@@ -354,5 +366,49 @@ mod tests {
         assert!(metrics.model_label("one-too-many").is_none());
         // A model already shown keeps its label.
         assert!(metrics.model_label("model-0").is_some());
+    }
+}
+
+/// One wire format's reuse of parsed conversation elements, as the metrics show it.
+#[derive(Debug, Clone, Copy)]
+pub struct SeenElementsRow {
+    pub dialect: &'static str,
+    /// Elements found by their bytes.
+    pub found: u64,
+    /// Elements checked and parsed, then kept.
+    pub parsed: u64,
+    /// What is kept, in bytes (roughly).
+    pub kept_bytes: u64,
+}
+
+#[derive(Debug)]
+struct SeenElementsCollector(fn() -> Vec<SeenElementsRow>);
+
+impl Collector for SeenElementsCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let rows = (self.0)();
+        let mut elements = encoder.encode_descriptor(
+            "seen_elements",
+            "Conversation elements found by their bytes (found) or checked and parsed (parsed), by wire format",
+            None,
+            MetricType::Counter,
+        )?;
+        for row in &rows {
+            for (result, count) in [("found", row.found), ("parsed", row.parsed)] {
+                let labels = [("dialect", row.dialect), ("result", result)];
+                ConstCounter::new(count).encode(elements.encode_family(&labels)?)?;
+            }
+        }
+        let mut kept = encoder.encode_descriptor(
+            "seen_elements_bytes",
+            "Bytes of parsed conversation elements kept to be found again, by wire format",
+            None,
+            MetricType::Gauge,
+        )?;
+        for row in &rows {
+            let bytes = i64::try_from(row.kept_bytes).unwrap_or(i64::MAX);
+            ConstGauge::new(bytes).encode(kept.encode_family(&[("dialect", row.dialect)])?)?;
+        }
+        Ok(())
     }
 }

@@ -370,6 +370,17 @@ async fn metrics_are_prometheus_text_and_move() {
         1.0
     );
     assert!(moved("compactor_tokens_saved_total", None) > 0.0);
+    // The second request carried the first one's messages again: found by their bytes, not
+    // parsed again. (Other tests in this process only add to these counts.)
+    assert!(moved("compactor_seen_elements_total", Some(("result", "found"))) >= 14.0);
+    assert!(moved("compactor_seen_elements_total", Some(("result", "parsed"))) >= 1.0);
+    assert!(
+        value(
+            &after,
+            "compactor_seen_elements_bytes",
+            Some(("dialect", "chat"))
+        ) > 0.0
+    );
     assert!(after
         .iter()
         .any(|s| s.metric.starts_with("compactor_overhead_seconds")));

@@ -29,6 +29,7 @@ impl Default for Config {
             body_read_timeout_ms: 60_000,
             max_connections: 1024,
             max_in_flight_body_bytes: 256 * 1024 * 1024,
+            seen_elements_bytes: 32 * 1024 * 1024,
             gateway_keys_file: String::new(),
             gateway_keys_env: String::new(),
             compaction: CompactionConfig::default(),

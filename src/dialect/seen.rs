@@ -22,7 +22,12 @@
 //! meter learns of an element (its tokens and canonical hash, per encoding): it is kept with the
 //! parsed element ([`Counted`]), so an element seen before is measured without hashing its
 //! bytes again.
+//!
+//! Each dialect keeps [`capacity`] bytes of elements (the `seen_elements_bytes` setting, read
+//! once at start; 0 turns the lookup off), and counts what it found and what it parsed
+//! ([`SeenElements::counts`]) for the metrics.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use quick_cache::sync::Cache;
@@ -36,8 +41,34 @@ use super::splice::Fields;
 use crate::identity::Hash;
 use crate::tokenizer::Encoding;
 
-/// How many bytes of elements each dialect keeps parsed: a few long conversations' worth.
+/// How many bytes of elements each dialect keeps parsed unless told otherwise: a few long
+/// conversations' worth.
 pub const SEEN_BYTES: u64 = 32 * 1024 * 1024;
+
+/// The bytes each dialect's elements may take: [`SEEN_BYTES`] until [`set_capacity`].
+static CAPACITY: AtomicU64 = AtomicU64::new(SEEN_BYTES);
+
+/// Sets the bytes of elements each dialect keeps. Read when a dialect first parses a body, so
+/// it takes effect only before the first request; the process's first configuration wins.
+pub fn set_capacity(bytes: u64) {
+    CAPACITY.store(bytes, Ordering::Relaxed);
+}
+
+/// The bytes of elements each dialect keeps (see [`set_capacity`]).
+pub fn capacity() -> u64 {
+    CAPACITY.load(Ordering::Relaxed)
+}
+
+/// What one dialect's elements seen before have done since start.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SeenCounts {
+    /// Elements found by their bytes: not checked, parsed or counted again.
+    pub found: u64,
+    /// Elements checked and parsed, then kept.
+    pub parsed: u64,
+    /// The weight of what is kept (bytes, roughly).
+    pub kept_bytes: u64,
+}
 
 /// Nesting deeper than this, in a value checked on its own, is left to the full parse: serde
 /// counts its limit (128) from the body's top, and a value here sits one or two levels down.
@@ -85,6 +116,10 @@ impl Clone for Counted {
 pub struct SeenElements<T> {
     cache: Cache<u128, (Arc<T>, u32), ByLength>,
     secret: [u8; KEY_SECRET],
+    /// Whether anything is kept at all (a capacity of 0: every body takes the exact path).
+    enabled: bool,
+    found: AtomicU64,
+    parsed: AtomicU64,
 }
 
 #[derive(Clone)]
@@ -102,8 +137,20 @@ impl<T> SeenElements<T> {
         let mut secret = [0u8; KEY_SECRET];
         rand::Rng::fill(&mut rand::thread_rng(), &mut secret[..]);
         SeenElements {
-            cache: Cache::with_weighter(4096, bytes, ByLength),
+            cache: Cache::with_weighter(4096, bytes.max(1), ByLength),
             secret,
+            enabled: bytes > 0,
+            found: AtomicU64::new(0),
+            parsed: AtomicU64::new(0),
+        }
+    }
+
+    /// What this dialect's lookup has found and parsed since start, and what it keeps.
+    pub fn counts(&self) -> SeenCounts {
+        SeenCounts {
+            found: self.found.load(Ordering::Relaxed),
+            parsed: self.parsed.load(Ordering::Relaxed),
+            kept_bytes: self.cache.weight(),
         }
     }
 
@@ -115,10 +162,15 @@ impl<T> SeenElements<T> {
 
     /// The element parsed from exactly `raw`, if it was seen.
     fn get(&self, key: u128) -> Option<Arc<T>> {
-        self.cache.get(&key).map(|(parsed, _)| parsed)
+        let found = self.cache.get(&key).map(|(parsed, _)| parsed);
+        if found.is_some() {
+            self.found.fetch_add(1, Ordering::Relaxed);
+        }
+        found
     }
 
     fn insert(&self, key: u128, raw: &str, parsed: Arc<T>) {
+        self.parsed.fetch_add(1, Ordering::Relaxed);
         let length = u32::try_from(raw.len()).unwrap_or(u32::MAX);
         self.cache.insert(key, (parsed, length));
     }
@@ -134,6 +186,9 @@ pub fn split<T>(
     seen: &SeenElements<T>,
     parse: impl Fn(Box<RawValue>) -> Result<T, String>,
 ) -> Option<(Fields, Vec<Arc<T>>)> {
+    if !seen.enabled {
+        return None;
+    }
     let body = std::str::from_utf8(body).ok()?;
     let layout = layout(body, key)?;
     let mut fields = Fields::with_capacity(layout.fields.len());

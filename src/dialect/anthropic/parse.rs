@@ -9,7 +9,7 @@ use serde_json::{Map, Value};
 
 use super::read::{self, BlockHead, ContentField, RoleField};
 
-use crate::dialect::seen::{self, Counted, SeenElements, SEEN_BYTES};
+use crate::dialect::seen::{self, Counted, SeenElements};
 use crate::dialect::splice::{self, Elements, Fields};
 use crate::dialect::{CallSettings, RequestError};
 
@@ -137,7 +137,13 @@ pub struct MessagesRequest {
 }
 
 /// Messages parsed before, found again by their bytes.
-static SEEN: LazyLock<SeenElements<Message>> = LazyLock::new(|| SeenElements::new(SEEN_BYTES));
+static SEEN: LazyLock<SeenElements<Message>> =
+    LazyLock::new(|| SeenElements::new(seen::capacity()));
+
+/// What this dialect's lookup of elements seen before has found, parsed and kept.
+pub fn seen_counts() -> seen::SeenCounts {
+    SEEN.counts()
+}
 
 /// The split the [`seen`] one leaves a body to: every byte checked, the first error said
 /// exactly, in the order the fields are checked.

@@ -9,7 +9,7 @@ use std::sync::{Arc, LazyLock, OnceLock};
 
 use serde_json::value::RawValue;
 
-use crate::dialect::seen::{self, Counted, SeenElements, SEEN_BYTES};
+use crate::dialect::seen::{self, Counted, SeenElements};
 use crate::dialect::{scan, splice};
 use crate::dialect::{CallSettings, MessageView, RequestError, Role, MAX_OUTPUT_TOKENS};
 
@@ -143,7 +143,13 @@ impl ChatRequest {
 }
 
 /// Messages parsed before, found again by their bytes.
-static SEEN: LazyLock<SeenElements<Message>> = LazyLock::new(|| SeenElements::new(SEEN_BYTES));
+static SEEN: LazyLock<SeenElements<Message>> =
+    LazyLock::new(|| SeenElements::new(seen::capacity()));
+
+/// What this dialect's lookup of elements seen before has found, parsed and kept.
+pub fn seen_counts() -> seen::SeenCounts {
+    SEEN.counts()
+}
 
 /// The split the [`seen`] one leaves a body to: every byte checked, errors said exactly.
 fn split_exactly(body: &[u8]) -> Result<(splice::Fields, Vec<Arc<Message>>), RequestError> {

@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 use super::items::{self, Item, ItemKind};
 use crate::dialect::media::{self, Billing, Media, MediaCost};
 use crate::dialect::media_parts;
-use crate::dialect::seen::{self, SeenElements, SEEN_BYTES};
+use crate::dialect::seen::{self, SeenElements};
 use crate::dialect::splice::{self, to_raw, Fields};
 use crate::dialect::text::{
     cut_middle, cut_texts, part_texts, Arguments, TRANSCRIPT_MESSAGE_CHARS, TRANSCRIPT_RESULT_CHARS,
@@ -37,7 +37,12 @@ pub struct ResponsesRequest {
 }
 
 /// Items parsed before, found again by their bytes.
-static SEEN: LazyLock<SeenElements<Item>> = LazyLock::new(|| SeenElements::new(SEEN_BYTES));
+static SEEN: LazyLock<SeenElements<Item>> = LazyLock::new(|| SeenElements::new(seen::capacity()));
+
+/// What this dialect's lookup of elements seen before has found, parsed and kept.
+pub fn seen_counts() -> seen::SeenCounts {
+    SEEN.counts()
+}
 
 /// The split the [`seen`] one leaves a body to (a string input among them): every byte checked,
 /// errors said exactly.

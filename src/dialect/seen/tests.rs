@@ -63,6 +63,32 @@ fn an_element_seen_before_is_the_one_parsed_then() {
 }
 
 #[test]
+fn what_was_found_and_parsed_is_counted() {
+    let seen = SeenElements::new(SEEN_BYTES);
+    let parse = |raw: Box<RawValue>| Ok(raw.get().to_string());
+    let first = br#"{"model":"m","messages":[{"role":"user","content":"a"}]}"#;
+    let longer = br#"{"model":"m","messages":[{"role":"user","content":"a"},{"role":"user","content":"b"}]}"#;
+    split(first, "messages", &seen, parse).unwrap();
+    split(longer, "messages", &seen, parse).unwrap();
+    let counts = seen.counts();
+    assert_eq!((counts.found, counts.parsed), (1, 2));
+    assert!(
+        counts.kept_bytes >= (first.len() + longer.len()) as u64 / 2,
+        "{counts:?}"
+    );
+}
+
+#[test]
+fn no_room_means_every_body_takes_the_full_path() {
+    let seen = SeenElements::new(0);
+    let parse = |raw: Box<RawValue>| Ok(raw.get().to_string());
+    let body = br#"{"model":"m","messages":[{"role":"user","content":"a"}]}"#;
+    assert!(split(body, "messages", &seen, parse).is_none());
+    assert!(split(body, "messages", &seen, parse).is_none());
+    assert_eq!(seen.counts(), SeenCounts::default());
+}
+
+#[test]
 fn what_is_not_plain_is_left_to_the_full_path() {
     let seen = SeenElements::new(SEEN_BYTES);
     let parse = |raw: Box<RawValue>| Ok(raw.get().to_string());
