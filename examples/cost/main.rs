@@ -34,6 +34,10 @@ struct Args {
     /// `compaction.clear_min_share` for the replays through Compactor (the default's otherwise).
     #[arg(long)]
     clear_min_share: Option<f64>,
+    /// `compaction.soft_threshold` for the replays through Compactor (the default's otherwise):
+    /// where ahead-of-time summaries start, as a share of the window.
+    #[arg(long)]
+    soft_threshold: Option<f64>,
     /// How summary requests are sent: `continuation` of the conversation's cached prompt, or
     /// `standalone` (their own system prompt and a transcript).
     #[arg(long, value_enum, default_value_t = Summaries::Continuation)]
@@ -49,10 +53,12 @@ enum Summaries {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<(), String> {
     let args = Args::parse();
-    if let Some(share) = args.clear_min_share {
+    if args.clear_min_share.is_some() || args.soft_threshold.is_some() {
+        let defaults = compactor::config::CompactionConfig::default();
         run::set_compaction(compactor::config::CompactionConfig {
-            clear_min_share: share,
-            ..Default::default()
+            clear_min_share: args.clear_min_share.unwrap_or(defaults.clear_min_share),
+            soft_threshold: args.soft_threshold.unwrap_or(defaults.soft_threshold),
+            ..defaults
         });
     }
     run::set_standalone_summaries(args.summaries == Summaries::Standalone);
