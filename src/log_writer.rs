@@ -10,7 +10,10 @@
 //! is written at once. An idle proxy's writer sleeps without a timer.
 //!
 //! Nothing is lost: past [`Batching::max_pending`] bytes waiting, a logging thread waits for the
-//! writer rather than dropping its line. [`FlushOnDrop`] writes what is left when logging ends.
+//! writer rather than dropping its line. When logging ends ([`FlushOnDrop`]) the writer writes
+//! what waits and hands the output back; lines logged after that are written by the threads that
+//! log them, after the rest. The end waits at most [`LAST_WRITE_WAIT`] for that: an output that
+//! never returns from a write (a pipe nobody reads) must not keep the process from exiting.
 
 use std::io::Write;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -20,7 +23,8 @@ use std::time::Duration;
 /// When the writer thread writes.
 #[derive(Debug, Clone, Copy)]
 pub struct Batching {
-    /// How long lines gather after the first one of a batch (the most a line waits).
+    /// How long lines gather after the first one of a batch: what a line waits, besides a
+    /// write already under way.
     pub gather: Duration,
     /// Bytes waiting that start a write at once, without waiting out `gather`.
     pub wake_at: usize,
@@ -38,12 +42,19 @@ impl Default for Batching {
     }
 }
 
-/// The lines not yet written, and whether the writer is asleep waiting for the first of them.
+/// The lines not yet written, and where the writer thread is.
 struct Pending {
     lines: Vec<u8>,
+    /// The writer sleeps until a first line wakes it.
     writer_idle: bool,
+    /// Logging is ending: the writer writes what waits, then stops.
     closing: bool,
+    /// The writer has stopped (or never started): lines are written by the threads that log
+    /// them, to the same output, after everything the writer wrote.
+    direct: bool,
 }
+
+type Output = Box<dyn Write + Send>;
 
 struct Shared {
     pending: Mutex<Pending>,
@@ -52,6 +63,8 @@ struct Shared {
     /// Wakes logging threads waiting for room.
     room: Condvar,
     batching: Batching,
+    /// The output, while no writer thread holds it.
+    out: Mutex<Option<Output>>,
 }
 
 impl Shared {
@@ -59,6 +72,10 @@ impl Shared {
         // A thread that panicked while holding the lock left whole lines behind it (the copy
         // cannot panic halfway through a line): go on with them.
         self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn output(&self) -> MutexGuard<'_, Option<Output>> {
+        self.out.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -81,19 +98,21 @@ pub fn start<W: Write + Send + 'static>(out: W, batching: Batching) -> (BatchedL
             lines: Vec::new(),
             writer_idle: false,
             closing: false,
+            direct: false,
         }),
         wake: Condvar::new(),
         room: Condvar::new(),
         batching,
+        out: Mutex::new(Some(Box::new(out))),
     });
     let writer = shared.clone();
     let thread = std::thread::Builder::new()
         .name("compactor-log".into())
-        .spawn(move || write_batches(&writer, out))
+        .spawn(move || write_batches(&writer))
         .ok();
     if thread.is_none() {
         // No thread for the log: lines are written by the threads that log them.
-        shared.lock().closing = true;
+        shared.lock().direct = true;
     }
     (
         BatchedLog {
@@ -104,7 +123,10 @@ pub fn start<W: Write + Send + 'static>(out: W, batching: Batching) -> (BatchedL
 }
 
 /// The writer thread: sleeps until a line comes, lets more gather, writes them in one piece.
-fn write_batches<W: Write>(shared: &Shared, mut out: W) {
+fn write_batches(shared: &Shared) {
+    let Some(mut out) = shared.output().take() else {
+        return;
+    };
     let mut batch = Vec::new();
     loop {
         let mut pending = shared.lock();
@@ -120,15 +142,24 @@ fn write_batches<W: Write>(shared: &Shared, mut out: W) {
                 .map_or_else(|e| e.into_inner().0, |(p, _)| p);
         }
         std::mem::swap(&mut batch, &mut pending.lines);
-        let done = pending.closing && batch.is_empty();
-        drop(pending);
-        shared.room.notify_all();
-        if done {
+        if pending.closing && batch.is_empty() {
+            // Everything logged so far is written: the output goes back for the lines logged
+            // from now on, which their own threads write.
+            *shared.output() = Some(out);
+            pending.direct = true;
+            drop(pending);
+            shared.room.notify_all();
             return;
         }
+        drop(pending);
+        shared.room.notify_all();
         // A log that cannot be written (stderr closed) is not a reason to stop serving.
         let _ = out.write_all(&batch).and_then(|()| out.flush());
         batch.clear();
+        if batch.capacity() > 4 * shared.batching.wake_at {
+            // A burst is over: its buffer is not kept for the quiet that follows.
+            batch.shrink_to(shared.batching.wake_at);
+        }
     }
 }
 
@@ -136,19 +167,20 @@ impl Write for BatchedLog {
     fn write(&mut self, line: &[u8]) -> std::io::Result<usize> {
         let batching = self.shared.batching;
         let mut pending = self.shared.lock();
-        if pending.closing {
-            // Logging has ended (or has no thread): written here, in the caller's order.
-            drop(pending);
-            let mut err = std::io::stderr().lock();
-            err.write_all(line)?;
-            return Ok(line.len());
-        }
-        while pending.lines.len() >= batching.max_pending && !pending.closing {
+        while pending.lines.len() >= batching.max_pending && !pending.direct {
             pending = self
                 .shared
                 .room
                 .wait(pending)
                 .unwrap_or_else(|e| e.into_inner());
+        }
+        if pending.direct {
+            drop(pending);
+            // There in this mode: the writer never started, or gave it back when it stopped.
+            if let Some(out) = self.shared.output().as_mut() {
+                out.write_all(line)?;
+            }
+            return Ok(line.len());
         }
         let before = pending.lines.len();
         pending.lines.extend_from_slice(line);
@@ -182,12 +214,12 @@ impl Drop for FlushOnDrop {
     fn drop(&mut self) {
         self.shared.lock().closing = true;
         self.shared.wake.notify_one();
-        self.shared.room.notify_all();
         if let Some(thread) = self.thread.take() {
             let deadline = std::time::Instant::now() + LAST_WRITE_WAIT;
             while !thread.is_finished() && std::time::Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(2));
             }
+            // A writer still busy after that is left to the end of the process.
             if thread.is_finished() {
                 let _ = thread.join();
             }
@@ -312,6 +344,41 @@ mod tests {
             assert_eq!(lines, expected, "thread {t}'s lines, in order");
         }
         assert!(out.write_count() > 1);
+    }
+
+    #[test]
+    fn lines_logged_while_logging_ends_are_all_written_in_order() {
+        for _ in 0..20 {
+            let out = Recorder::default();
+            let batching = Batching {
+                gather: Duration::from_millis(1),
+                wake_at: 16,
+                max_pending: 32,
+            };
+            let (log, end) = start(out.clone(), batching);
+            let threads: Vec<_> = (0..4)
+                .map(|t| {
+                    let mut log = log.clone();
+                    std::thread::spawn(move || {
+                        for i in 0..100 {
+                            line(&mut log, &format!("t{t} {i:03}"));
+                        }
+                    })
+                })
+                .collect();
+            std::thread::sleep(Duration::from_millis(1));
+            drop(end);
+            for t in threads {
+                t.join().unwrap();
+            }
+            let text = out.text();
+            for t in 0..4 {
+                let prefix = format!("t{t} ");
+                let lines: Vec<&str> = text.lines().filter(|l| l.starts_with(&prefix)).collect();
+                let expected: Vec<String> = (0..100).map(|i| format!("t{t} {i:03}")).collect();
+                assert_eq!(lines, expected, "thread {t}'s lines, in order");
+            }
+        }
     }
 
     /// An output that never returns from `write`, like a pipe nobody reads.

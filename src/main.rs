@@ -27,7 +27,7 @@ fn init_logs(format: LogFormat) -> FlushOnDrop {
     let (writer, guard) = log_writer::start(std::io::stderr(), Batching::default());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(std::io::stderr().is_terminal())
+        .with_ansi(colours())
         .with_writer(writer);
     compactor::http::log::set_json_format(format == LogFormat::Json);
     match format {
@@ -35,6 +35,11 @@ fn init_logs(format: LogFormat) -> FlushOnDrop {
         LogFormat::Text => builder.init(),
     }
     guard
+}
+
+/// Colours on a terminal, unless `NO_COLOR` is set (to anything but empty).
+fn colours() -> bool {
+    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
 }
 
 /// On one CPU, a single-threaded runtime: a multi-threaded one would have one worker there

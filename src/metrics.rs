@@ -312,7 +312,6 @@ impl Metrics {
         self.model_window.get_or_create(label).set(gauge(window));
     }
 
-    /// The Prometheus text exposition.
     /// Adds the counts of conversation elements reused by their bytes, which each wire format
     /// keeps itself: `read` is called at every scrape.
     pub fn reading_seen_elements(mut self, read: fn() -> Vec<SeenElementsRow>) -> Self {
@@ -321,6 +320,7 @@ impl Metrics {
         self
     }
 
+    /// The Prometheus text exposition.
     pub fn render(&self) -> String {
         let mut out = String::new();
         if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
@@ -344,28 +344,6 @@ impl GaugeHeld {
 impl Drop for GaugeHeld {
     fn drop(&mut self) {
         self.0.dec();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn model_labels_are_few_short_and_safe() {
-        let metrics = Metrics::default();
-        let label = metrics.model_label("qwen\"} 1\nfake_metric{a=\"").unwrap();
-        assert_eq!(label.model, "qwen___1_fake_metric_a__");
-        assert_eq!(
-            metrics.model_label(&"m".repeat(1000)).unwrap().model.len(),
-            MODEL_LABEL_CHARS
-        );
-        for i in 0..MODEL_LABELS - 2 {
-            assert!(metrics.model_label(&format!("model-{i}")).is_some());
-        }
-        assert!(metrics.model_label("one-too-many").is_none());
-        // A model already shown keeps its label.
-        assert!(metrics.model_label("model-0").is_some());
     }
 }
 
@@ -410,5 +388,27 @@ impl Collector for SeenElementsCollector {
             ConstGauge::new(bytes).encode(kept.encode_family(&[("dialect", row.dialect)])?)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_labels_are_few_short_and_safe() {
+        let metrics = Metrics::default();
+        let label = metrics.model_label("qwen\"} 1\nfake_metric{a=\"").unwrap();
+        assert_eq!(label.model, "qwen___1_fake_metric_a__");
+        assert_eq!(
+            metrics.model_label(&"m".repeat(1000)).unwrap().model.len(),
+            MODEL_LABEL_CHARS
+        );
+        for i in 0..MODEL_LABELS - 2 {
+            assert!(metrics.model_label(&format!("model-{i}")).is_some());
+        }
+        assert!(metrics.model_label("one-too-many").is_none());
+        // A model already shown keeps its label.
+        assert!(metrics.model_label("model-0").is_some());
     }
 }

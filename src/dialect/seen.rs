@@ -48,8 +48,8 @@ pub const SEEN_BYTES: u64 = 32 * 1024 * 1024;
 /// The bytes each dialect's elements may take: [`SEEN_BYTES`] until [`set_capacity`].
 static CAPACITY: AtomicU64 = AtomicU64::new(SEEN_BYTES);
 
-/// Sets the bytes of elements each dialect keeps. Read when a dialect first parses a body, so
-/// it takes effect only before the first request; the process's first configuration wins.
+/// Sets the bytes of elements each dialect keeps. Each dialect reads it when it first parses a
+/// body: set it before the first request (a later call changes nothing already made).
 pub fn set_capacity(bytes: u64) {
     CAPACITY.store(bytes, Ordering::Relaxed);
 }
@@ -62,9 +62,11 @@ pub fn capacity() -> u64 {
 /// What one dialect's elements seen before have done since start.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SeenCounts {
-    /// Elements found by their bytes: not checked, parsed or counted again.
+    /// Elements of bodies split here that were found by their bytes: not checked, parsed or
+    /// counted again.
     pub found: u64,
-    /// Elements checked and parsed, then kept.
+    /// Elements of bodies split here that were new: checked, parsed and offered to be kept (one
+    /// larger than a shard of the cache is not).
     pub parsed: u64,
     /// The weight of what is kept (bytes, roughly).
     pub kept_bytes: u64,
@@ -162,15 +164,10 @@ impl<T> SeenElements<T> {
 
     /// The element parsed from exactly `raw`, if it was seen.
     fn get(&self, key: u128) -> Option<Arc<T>> {
-        let found = self.cache.get(&key).map(|(parsed, _)| parsed);
-        if found.is_some() {
-            self.found.fetch_add(1, Ordering::Relaxed);
-        }
-        found
+        self.cache.get(&key).map(|(parsed, _)| parsed)
     }
 
     fn insert(&self, key: u128, raw: &str, parsed: Arc<T>) {
-        self.parsed.fetch_add(1, Ordering::Relaxed);
         let length = u32::try_from(raw.len()).unwrap_or(u32::MAX);
         self.cache.insert(key, (parsed, length));
     }
@@ -201,10 +198,14 @@ pub fn split<T>(
         fields.insert(name, value);
     }
     let mut elements = Vec::with_capacity(layout.elements.len());
+    let mut found = 0;
     for raw in layout.elements {
         let key = seen.key(raw);
         let element = match seen.get(key) {
-            Some(element) => element,
+            Some(element) => {
+                found += 1;
+                element
+            }
             None => {
                 let element = Arc::new(parse(checked(raw)?).ok()?);
                 seen.insert(key, raw, element.clone());
@@ -213,7 +214,14 @@ pub fn split<T>(
         };
         elements.push(element);
     }
-    layout.has_elements.then_some((fields, elements))
+    if !layout.has_elements {
+        return None;
+    }
+    // Counted once the body is split here: a body given up on is parsed whole after all.
+    seen.found.fetch_add(found, Ordering::Relaxed);
+    seen.parsed
+        .fetch_add(elements.len() as u64 - found, Ordering::Relaxed);
+    Some((fields, elements))
 }
 
 /// `raw` as one checked JSON value, unless it nests deeper than a value checked on its own may.
