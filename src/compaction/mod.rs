@@ -6,7 +6,7 @@
 //!
 //! [`Engine::prepare`] runs the stages in order, each a method named after its stage:
 //!
-//! 1. `count`: the request's tokens, on the blocking pool when it is large;
+//! 1. `count` ([`count`]): the request's tokens, on the blocking pool when it is large;
 //! 2. `identify` ([`conversation`]): the hash chain, the anchor, the model's window and budget;
 //! 3. `measure`: what the request costs as the client sent it;
 //! 4. `stored_checkpoints` / `apply_checkpoint`: the newest stored checkpoint whose prefix
@@ -41,6 +41,7 @@ mod ahead_of_time;
 pub mod clearing;
 mod compact;
 mod conversation;
+mod count;
 pub mod files;
 mod learn;
 mod outcome;
@@ -65,10 +66,10 @@ use tokio_util::task::TaskTracker;
 use crate::config::{CompactionConfig, SummarizerConfig};
 use crate::dialect::{Overflow, WireRequest};
 use crate::identity::Hash;
-use crate::measure::{windows::WindowTable, Measured, Meter};
+use crate::measure::{windows::WindowTable, Meter};
 use crate::metrics::Metrics;
 use crate::store::{CheckpointStore, ModelFacts};
-use crate::tokenizer::{Cancel, Encoding};
+use crate::tokenizer::Encoding;
 
 use conversation::{covers_all, Conversation, View};
 
@@ -77,15 +78,6 @@ pub fn identity_short(anchor: &Hash) -> String {
     crate::identity::hex(anchor)[..16].to_string()
 }
 
-/// Requests with up to this much left to count (elements not counted before, and the head) are
-/// counted on the async worker that has them. Counting is linear in the text, so that is a
-/// fraction of a millisecond (a few at worst, for a run without whitespace), less than the
-/// thread hand-offs of the blocking pool cost the small requests most clients send.
-const COUNT_INLINE_MAX_BYTES: usize = 4 * 1024;
-/// Largest pinned head (tools, system) measured on the async worker when every element already
-/// carries its count: a head seen before costs a hash (about a microsecond per 10 KB), a new one
-/// is counted once per distinct head.
-const HEAD_INLINE_MAX_BYTES: usize = 64 * 1024;
 pub use learn::{tenant_tag, SentCount};
 pub use outcome::{
     CannotFit, Mode, Outcome, Prepared, Refusal, RequestContext, Status, SummaryError,
@@ -407,46 +399,6 @@ impl Engine {
                 trigger: trigger.label(),
             })
             .inc();
-    }
-
-    /// The prompt's tokens by our count, counted as [`Engine::count`] does (a large request on
-    /// the blocking pool): for a threshold a client set.
-    pub async fn prompt_tokens(&self, request: &Arc<dyn WireRequest>) -> u64 {
-        self.count(request).await.total()
-    }
-
-    /// Counts the request's tokens: one with little left to count (a small request, or a long
-    /// conversation whose elements were all counted before) on this worker, the rest on the
-    /// blocking pool, so that an odd body never holds up the async workers (health checks,
-    /// other clients); the count stops when this future is dropped (the client left). Counts
-    /// land in the meter's cache either way.
-    async fn count(&self, request: &Arc<dyn WireRequest>) -> Measured {
-        // What is left to hash or count: elements measured before carry their facts.
-        let encoding = Encoding::for_model(request.model());
-        let uncounted: usize = (0..request.len())
-            .filter(|&i| request.counted(i).and_then(|c| c.get(encoding)).is_none())
-            .map(|i| request.raw(i).len())
-            .sum();
-        let head: usize = request.head_parts().iter().map(|p| p.len()).sum();
-        if uncounted + head <= COUNT_INLINE_MAX_BYTES
-            || (uncounted <= COUNT_INLINE_MAX_BYTES && head <= HEAD_INLINE_MAX_BYTES)
-        {
-            return self.meter.measure(request.as_ref());
-        }
-        let cancel = Cancel::default();
-        let _cancel_when_dropped = cancel.on_drop();
-        let (meter, counted_request) = (self.meter.clone(), request.clone());
-        let counted = tokio::task::spawn_blocking(move || {
-            meter.measure_cancellable(counted_request.as_ref(), &cancel)
-        })
-        .await;
-        match counted {
-            Ok(Some(measured)) => measured,
-            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-            // Cancelled only when this future is dropped, or the runtime is shutting down: what
-            // was counted is cached, and the rest is counted here.
-            Ok(None) | Err(_) => self.meter.measure(request.as_ref()),
-        }
     }
 
     /// The text the model reads in place of what `checkpoint` covers. A checkpoint never
