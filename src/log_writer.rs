@@ -255,6 +255,30 @@ mod tests {
         log.write_all(format!("{text}\n").as_bytes()).unwrap();
     }
 
+    /// Four threads logging `lines` numbered lines each, started now.
+    fn log_from_four_threads(log: &BatchedLog, lines: usize) -> Vec<std::thread::JoinHandle<()>> {
+        (0..4)
+            .map(|t| {
+                let mut log = log.clone();
+                std::thread::spawn(move || {
+                    for i in 0..lines {
+                        line(&mut log, &format!("t{t} {i:03}"));
+                    }
+                })
+            })
+            .collect()
+    }
+
+    /// Every line of [`log_from_four_threads`] is in `text`, each thread's in its order.
+    fn assert_each_thread_whole_and_in_order(text: &str, lines: usize) {
+        for t in 0..4 {
+            let prefix = format!("t{t} ");
+            let written: Vec<&str> = text.lines().filter(|l| l.starts_with(&prefix)).collect();
+            let expected: Vec<String> = (0..lines).map(|i| format!("t{t} {i:03}")).collect();
+            assert_eq!(written, expected, "thread {t}'s lines, in order");
+        }
+    }
+
     impl Recorder {
         fn text(&self) -> String {
             String::from_utf8(self.writes.lock().unwrap().concat()).unwrap()
@@ -320,29 +344,11 @@ mod tests {
             max_pending: 256,
         };
         let (log, end) = start(out.clone(), batching);
-        let threads: Vec<_> = (0..4)
-            .map(|t| {
-                let mut log = log.clone();
-                std::thread::spawn(move || {
-                    for i in 0..200 {
-                        line(&mut log, &format!("t{t} {i:03}"));
-                    }
-                })
-            })
-            .collect();
-        for t in threads {
+        for t in log_from_four_threads(&log, 200) {
             t.join().unwrap();
         }
         drop(end);
-        let text = out.text();
-        for t in 0..4 {
-            let lines: Vec<&str> = text
-                .lines()
-                .filter(|l| l.starts_with(&format!("t{t} ")))
-                .collect();
-            let expected: Vec<String> = (0..200).map(|i| format!("t{t} {i:03}")).collect();
-            assert_eq!(lines, expected, "thread {t}'s lines, in order");
-        }
+        assert_each_thread_whole_and_in_order(&out.text(), 200);
         assert!(out.write_count() > 1);
     }
 
@@ -356,28 +362,13 @@ mod tests {
                 max_pending: 32,
             };
             let (log, end) = start(out.clone(), batching);
-            let threads: Vec<_> = (0..4)
-                .map(|t| {
-                    let mut log = log.clone();
-                    std::thread::spawn(move || {
-                        for i in 0..100 {
-                            line(&mut log, &format!("t{t} {i:03}"));
-                        }
-                    })
-                })
-                .collect();
+            let threads = log_from_four_threads(&log, 100);
             std::thread::sleep(Duration::from_millis(1));
             drop(end);
             for t in threads {
                 t.join().unwrap();
             }
-            let text = out.text();
-            for t in 0..4 {
-                let prefix = format!("t{t} ");
-                let lines: Vec<&str> = text.lines().filter(|l| l.starts_with(&prefix)).collect();
-                let expected: Vec<String> = (0..100).map(|i| format!("t{t} {i:03}")).collect();
-                assert_eq!(lines, expected, "thread {t}'s lines, in order");
-            }
+            assert_each_thread_whole_and_in_order(&out.text(), 100);
         }
     }
 
