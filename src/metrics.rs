@@ -314,7 +314,7 @@ impl Metrics {
 
     /// Adds the counts of conversation elements reused by their bytes, which each wire format
     /// keeps itself: `read` is called at every scrape.
-    pub fn reading_seen_elements(mut self, read: fn() -> Vec<SeenElementsRow>) -> Self {
+    pub fn reading_seen_elements(mut self, read: fn() -> Vec<(&'static str, SeenCounts)>) -> Self {
         self.registry
             .register_collector(Box::new(SeenElementsCollector(read)));
         self
@@ -347,20 +347,21 @@ impl Drop for GaugeHeld {
     }
 }
 
-/// One wire format's reuse of parsed conversation elements, as the metrics show it.
-#[derive(Debug, Clone, Copy)]
-pub struct SeenElementsRow {
-    pub dialect: &'static str,
-    /// Elements found by their bytes.
+/// What one wire format's elements seen before (`dialect::seen`) have done since start.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SeenCounts {
+    /// Elements found by their bytes (in bodies split that way): not checked, parsed or counted
+    /// again.
     pub found: u64,
-    /// Elements checked and parsed, then kept.
+    /// Elements new to the lookup (in bodies split that way): checked, parsed and offered to be
+    /// kept (one larger than a shard of the cache is not).
     pub parsed: u64,
-    /// What is kept, in bytes (roughly).
+    /// The weight of what is kept (bytes, roughly).
     pub kept_bytes: u64,
 }
 
 #[derive(Debug)]
-struct SeenElementsCollector(fn() -> Vec<SeenElementsRow>);
+struct SeenElementsCollector(fn() -> Vec<(&'static str, SeenCounts)>);
 
 impl Collector for SeenElementsCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
@@ -371,9 +372,9 @@ impl Collector for SeenElementsCollector {
             None,
             MetricType::Counter,
         )?;
-        for row in &rows {
-            for (result, count) in [("found", row.found), ("parsed", row.parsed)] {
-                let labels = [("dialect", row.dialect), ("result", result)];
+        for (dialect, counts) in &rows {
+            for (result, count) in [("found", counts.found), ("parsed", counts.parsed)] {
+                let labels = [("dialect", *dialect), ("result", result)];
                 ConstCounter::new(count).encode(elements.encode_family(&labels)?)?;
             }
         }
@@ -383,9 +384,9 @@ impl Collector for SeenElementsCollector {
             None,
             MetricType::Gauge,
         )?;
-        for row in &rows {
-            let bytes = i64::try_from(row.kept_bytes).unwrap_or(i64::MAX);
-            ConstGauge::new(bytes).encode(kept.encode_family(&[("dialect", row.dialect)])?)?;
+        for (dialect, counts) in &rows {
+            let bytes = i64::try_from(counts.kept_bytes).unwrap_or(i64::MAX);
+            ConstGauge::new(bytes).encode(kept.encode_family(&[("dialect", *dialect)])?)?;
         }
         Ok(())
     }

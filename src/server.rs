@@ -34,7 +34,7 @@ use crate::http::parse_error_bodies::{Answered, ParseErrorBodies};
 use crate::http::sealing::SealingKeys;
 use crate::http::{router, ApiError, App};
 use crate::measure::{windows::WindowTable, Meter};
-use crate::metrics::{Metrics, SeenElementsRow};
+use crate::metrics::Metrics;
 use crate::store::{self, CheckpointStore, TimelineBounds};
 use crate::telemetry::Telemetry;
 use crate::upstream::summarizer::HttpSummarizer;
@@ -95,7 +95,10 @@ pub async fn build_with_store(
     let telemetry = Telemetry::from_config(&config.telemetry)?;
     // Read when a wire format first parses a body: set before the first request.
     crate::dialect::seen::set_capacity(config.seen_elements_bytes);
-    let metrics = Arc::new(Metrics::default().reading_seen_elements(seen_elements));
+    let metrics = Arc::new(
+        Metrics::default()
+            .reading_seen_elements(|| crate::dialect::registry::seen_counts().to_vec()),
+    );
     let (openai_continues, anthropic_continues) = config.summaries_continue();
     store.count_absorbed_errors(metrics.store_errors.clone());
     let parts = Parts {
@@ -337,19 +340,6 @@ fn refuse_connection(stream: TcpStream) {
     );
     // One attempt, never a wait: a fresh socket's send buffer takes this whole.
     let _ = stream.try_write(answer.as_bytes());
-}
-
-/// Each wire format's elements seen before, for the metrics.
-fn seen_elements() -> Vec<SeenElementsRow> {
-    crate::dialect::registry::seen_counts()
-        .into_iter()
-        .map(|(dialect, counts)| SeenElementsRow {
-            dialect,
-            found: counts.found,
-            parsed: counts.parsed,
-            kept_bytes: counts.kept_bytes,
-        })
-        .collect()
 }
 
 /// Resolves on SIGTERM or SIGINT.

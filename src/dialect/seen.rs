@@ -39,6 +39,7 @@ use super::media::MediaCost;
 use super::scan;
 use super::splice::Fields;
 use crate::identity::Hash;
+pub use crate::metrics::SeenCounts;
 use crate::tokenizer::Encoding;
 
 /// How many bytes of elements each dialect keeps parsed unless told otherwise: a few long
@@ -57,19 +58,6 @@ pub fn set_capacity(bytes: u64) {
 /// The bytes of elements each dialect keeps (see [`set_capacity`]).
 pub fn capacity() -> u64 {
     CAPACITY.load(Ordering::Relaxed)
-}
-
-/// What one dialect's elements seen before have done since start.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct SeenCounts {
-    /// Elements of bodies split here that were found by their bytes: not checked, parsed or
-    /// counted again.
-    pub found: u64,
-    /// Elements of bodies split here that were new: checked, parsed and offered to be kept (one
-    /// larger than a shard of the cache is not).
-    pub parsed: u64,
-    /// The weight of what is kept (bytes, roughly).
-    pub kept_bytes: u64,
 }
 
 /// Nesting deeper than this, in a value checked on its own, is left to the full parse: serde
