@@ -27,7 +27,7 @@ impl Engine {
         let Some(anchor) = conversation.anchor else {
             return;
         };
-        let soft = (conversation.limit as f64 * self.config.soft_threshold) as u64;
+        let soft = self.soft_limit(conversation);
         let needed = conversation
             .correction
             .apply(view.tokens)
@@ -69,5 +69,15 @@ impl Engine {
             }
             engine.background.remove(&anchor);
         });
+    }
+
+    /// The soft threshold in tokens, output reserve included as in the limit it is compared
+    /// like: the reserve plus `soft_threshold` of the room left to input. A share of the whole
+    /// limit started summaries early at small windows, where the reserve takes up to a quarter
+    /// of the window, and left too little room between them
+    /// (benches/results/2026-12-05-cost-input-room.md).
+    pub(super) fn soft_limit(&self, conversation: &Conversation) -> u64 {
+        let input_room = conversation.limit.saturating_sub(conversation.reserve);
+        conversation.reserve + (input_room as f64 * self.config.soft_threshold) as u64
     }
 }

@@ -160,6 +160,8 @@ impl Engine {
             // Asked to compact now (`/compact`): keep only the newest quarter of the conversation.
             keep = keep.min(conversation.measured.total() / 4);
         }
+        // The tail a summary written now would keep, before any room is left for growth.
+        let turn_budget = keep;
         if trigger.ahead_of_time() {
             // Written now, applied later: leave room for what the conversation adds until then.
             let current = self.view(conversation, base).tokens;
@@ -191,7 +193,7 @@ impl Engine {
             if conversation.request.keeps_last_turn_whole() {
                 plan::keep_last_turn_whole(&input, chosen)
             } else if trigger.ahead_of_time() {
-                plan::leave_newest_turn_out(&input, chosen)
+                plan::leave_newest_turn_out(&input, chosen, turn_budget)
             } else {
                 Ok(chosen)
             }
@@ -227,7 +229,7 @@ impl Engine {
         if !self.config.ahead_of_time {
             return (usable / 2, usable / 2);
         }
-        let soft = (conversation.limit as f64 * self.config.soft_threshold) as u64;
+        let soft = self.soft_limit(conversation);
         let below_soft = soft.saturating_sub(taken);
         ((below_soft / 2).clamp(usable / 4, usable / 2), usable / 2)
     }

@@ -114,14 +114,29 @@ pub fn keep_last_turn_whole(input: &PlanInput, chosen: Plan) -> Result<Plan, Pla
 /// removed), so the summarized prefix stops before the newest user turn. Only when that turn is
 /// all there is (a long tool loop) does the cut go inside it, and then only when the newest user
 /// message is not the request's last element (a step follows it, so that message is no longer
-/// the newest one on the next request).
-pub fn leave_newest_turn_out(input: &PlanInput, chosen: Plan) -> Result<Plan, PlanError> {
+/// the newest one on the next request); or when that turn, a tool loop, has outgrown
+/// `turn_budget` already: kept whole, it would leave the next request past the point that
+/// starts another summary, one summary per request for the rest of the loop.
+pub fn leave_newest_turn_out(
+    input: &PlanInput,
+    chosen: Plan,
+    turn_budget: u64,
+) -> Result<Plan, PlanError> {
+    let step_follows = input.roles.last() != Some(&Role::User);
+    let newest_turn: u64 = input
+        .roles
+        .iter()
+        .rposition(|r| *r == Role::User)
+        .map_or(0, |user| input.tokens[user..].iter().sum());
+    if step_follows && newest_turn > turn_budget {
+        return Ok(chosen);
+    }
     // Where the whole-turn cut is refused, `chosen` cuts inside the newest turn.
     keep_last_turn_whole(input, chosen.clone()).or_else(|e| {
-        if input.roles.last() == Some(&Role::User) {
-            Err(e)
-        } else {
+        if step_follows {
             Ok(chosen)
+        } else {
+            Err(e)
         }
     })
 }

@@ -40,7 +40,7 @@ impl Engine {
     pub(super) fn soft_budget(&self, conversation: &Conversation) -> Option<u64> {
         self.config
             .ahead_of_time
-            .then_some((conversation.limit as f64 * self.config.soft_threshold) as u64)
+            .then_some(self.soft_limit(conversation))
     }
 
     /// Stage `clear`: a checkpoint that clears the oldest tool results past `view`'s cut so that

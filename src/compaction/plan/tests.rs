@@ -86,7 +86,7 @@ fn an_ahead_of_time_cut_stops_before_the_newest_user_turn() {
     };
     let pinned = plan(&input).unwrap();
     assert_eq!(pinned.pinned_user, Some(5));
-    let out = leave_newest_turn_out(&input, pinned).unwrap();
+    let out = leave_newest_turn_out(&input, pinned, 100).unwrap();
     assert_eq!((out.cut, out.pinned_user), (5, None));
     // One long tool loop: the cut goes inside it, since a step follows its user message.
     let roles = [System, User, Assistant, Tool, Assistant, Tool];
@@ -100,7 +100,46 @@ fn an_ahead_of_time_cut_stops_before_the_newest_user_turn() {
     };
     let inside = plan(&input).unwrap();
     assert!(inside.cut > 1, "{inside:?}");
-    assert_eq!(leave_newest_turn_out(&input, inside.clone()), Ok(inside));
+    assert_eq!(
+        leave_newest_turn_out(&input, inside.clone(), 100),
+        Ok(inside)
+    );
+}
+
+#[test]
+fn a_tool_loop_past_the_kept_tail_is_cut_inside_ahead_of_time() {
+    // Earlier turns to summarize, and a newest turn of tool steps larger than the tail a
+    // compaction keeps: kept whole, the next request would be past the soft threshold again.
+    let roles = [
+        System, User, Assistant, User, Assistant, Tool, Assistant, Tool, Assistant, Tool,
+    ];
+    let input = PlanInput {
+        roles: &roles,
+        tokens: &[5, 10, 200, 10, 10, 400, 10, 400, 10, 40],
+        start: 0,
+        pinned: None,
+        keep_budget: 100,
+        step_budget: 0,
+    };
+    let inside = plan(&input).unwrap();
+    assert_eq!(inside.pinned_user, Some(3), "{inside:?}");
+    assert_eq!(
+        leave_newest_turn_out(&input, inside.clone(), 500),
+        Ok(inside.clone())
+    );
+    // The same turn within the tail a compaction keeps: left out whole, as before.
+    let whole = leave_newest_turn_out(&input, inside.clone(), 1_000).unwrap();
+    assert_eq!((whole.cut, whole.pinned_user), (3, None));
+    // The newest user message last (nothing follows it yet): never cut inside.
+    let asked = [System, User, Assistant, User];
+    let input = PlanInput {
+        roles: &asked,
+        tokens: &[5, 10, 200, 900],
+        ..input
+    };
+    let chosen = plan(&input).unwrap();
+    let out = leave_newest_turn_out(&input, chosen, 100).unwrap();
+    assert_eq!((out.cut, out.pinned_user), (3, None));
 }
 
 #[test]
