@@ -532,6 +532,42 @@ async fn a_summary_prepared_ahead_of_time_serves_the_crossing_request() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn the_soft_threshold_is_a_share_of_the_room_left_to_input() {
+    // WINDOW 8,000: a margin of 500 and an output reserve of 2,000 (a quarter of the window)
+    // leave 5,500 tokens to input. At 0.5 a summary starts past 2,000 + 2,750 with the reserve,
+    // that is past 2,750 tokens of input; a share of the whole limit would start it past 1,750.
+    let starts_at = 2_750;
+    let mut below_old_start = 0;
+    let mut seen = (false, false);
+    for turns in 2..16 {
+        let setup = setup(
+            Behaviour::Answer {
+                delay: Duration::ZERO,
+            },
+            |c, _| {
+                c.ahead_of_time = true;
+                c.soft_threshold = 0.5;
+            },
+        );
+        let prepared = prepare(&setup, &session(turns)).await;
+        assert!(!prepared.outcome.compacted);
+        setup.engine.summaries_finished().await;
+        let input = prepared.outcome.prompt_tokens;
+        let started = setup.summarizer.calls() > 0;
+        assert_eq!(started, input > starts_at, "{turns} turns, {input} tokens");
+        if input > 1_750 && !started {
+            below_old_start += 1;
+        }
+        if started {
+            seen.1 = true;
+        } else {
+            seen.0 = true;
+        }
+    }
+    assert!(below_old_start > 0 && seen == (true, true));
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_span_larger_than_the_summarizer_is_folded_in_chunks_oldest_first() {
     let setup = setup(
         Behaviour::Answer {
