@@ -207,11 +207,48 @@ fn sse_forwarding(c: &mut Criterion) {
     group.finish();
 }
 
+/// The served-request log line, through the text formatter and written directly (the same
+/// text), into the batched log writer over a sink.
+fn served_log_line(c: &mut Criterion) {
+    use compactor::http::served_line::{self, ServedLine};
+    use compactor::log_writer::{self, Batching};
+    let (writer, _flush) = log_writer::start(std::io::sink(), Batching::default());
+    served_line::write_plain_lines_to(writer.clone());
+    let subscriber = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_writer(writer)
+        .finish();
+    let _default = tracing::subscriber::set_default(subscriber);
+    let line = ServedLine {
+        dialect: "chat",
+        path: "/v1/chat/completions",
+        status: 200,
+        model: "gpt-4o-mini",
+        prompt_tokens: 1_234,
+        tokens_sent: 1_234,
+        compacted: false,
+        conversation: "0123456789abcdef",
+        checkpoint: "-",
+        upstream_ms: 3,
+        summary_ms: 0,
+        overhead_ms: 0.064_123,
+    };
+    let mut group = c.benchmark_group("served_log_line");
+    // The first path is what a request in a span takes: the formatter.
+    for (name, in_span) in [("formatter", true), ("direct", false)] {
+        group.bench_function(name, |b| {
+            b.iter(|| served_line::log(black_box(&line), in_span))
+        });
+    }
+    group.finish();
+}
+
 criterion_group!(
     benches,
     tokenize,
     parse_and_hash,
     identify_plan_rewrite,
-    sse_forwarding
+    sse_forwarding,
+    served_log_line
 );
 criterion_main!(benches);

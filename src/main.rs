@@ -25,9 +25,15 @@ fn init_logs(format: LogFormat) -> FlushOnDrop {
     let filter =
         EnvFilter::try_from_env("COMPACTOR_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     let (writer, guard) = log_writer::start(std::io::stderr(), Batching::default());
+    let colours = colours();
+    if format == LogFormat::Text && !colours {
+        // The served-request line, the one every request writes, is written without the
+        // formatter where that gives the same text.
+        compactor::http::served_line::write_plain_lines_to(writer.clone());
+    }
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(colours())
+        .with_ansi(colours)
         .with_writer(writer);
     compactor::http::log::set_json_format(format == LogFormat::Json);
     match format {

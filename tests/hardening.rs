@@ -358,6 +358,40 @@ async fn a_model_with_spaces_cannot_forge_fields_of_the_served_request_line() {
     assert!(!outside_the_model.contains("compacted=true"), "{line}");
 }
 
+#[tokio::test]
+async fn a_log_filter_leaves_out_the_served_request_line() {
+    let mock = start_mock().await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    let served = Served::start(
+        &["--listen", &listen, "--upstream", &mock.url()],
+        &[(
+            "COMPACTOR_LOG",
+            "info,compactor::http::exchange::closing=warn",
+        )],
+    );
+    for _ in 0..3 {
+        let response = client()
+            .post(format!("http://{listen}/v1/chat/completions"))
+            .header("content-type", "application/json")
+            .body(r#"{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}"#)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        response.bytes().await.unwrap();
+    }
+    // Past the log's gathering time (20 ms): a line would have been written by now.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let log = served.log();
+    assert!(log.contains("Compactor is listening"), "{log}");
+    assert!(!log.contains("Served a"), "{log}");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Slow clients and connection counts
 // ---------------------------------------------------------------------------------------------

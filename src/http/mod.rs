@@ -40,6 +40,7 @@ mod probe;
 mod reader;
 mod routes;
 pub mod sealing;
+pub mod served_line;
 mod spans;
 mod status;
 pub mod stream;
