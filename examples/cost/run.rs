@@ -138,10 +138,11 @@ pub async fn replay(body: &Value, way: Way) -> Result<Bill, String> {
     let meter = Meter::new(100_000);
     let writer = writer();
     let metrics = Arc::new(Metrics::default());
-    let engine = match way {
-        Way::Straight => None,
+    let (engine, store) = match way {
+        Way::Straight => (None, None),
         Way::Compactor(window) | Way::Naive(window) => {
-            Some(engine(&model, window, writer.clone(), metrics.clone()))
+            let (engine, store) = engine(&model, window, writer.clone(), metrics.clone());
+            (Some(engine), Some(store))
         }
     };
     let context = RequestContext {
@@ -180,7 +181,14 @@ pub async fn replay(body: &Value, way: Way) -> Result<Bill, String> {
                 let sent = ChatRequest::parse(&prepared.body).map_err(|e| e.to_string())?;
                 let measured = meter.measure(&sent);
                 if prepared.outcome.ready_checkpoint_used && !prepared.outcome.summarized {
-                    ready_served.insert(prepared.outcome.checkpoint_id.clone());
+                    // A clearing made over a ready checkpoint is served as a checkpoint of its
+                    // own: only those written ahead of time count as the ready ones used.
+                    if let (Some(id), Some(store)) = (&prepared.outcome.checkpoint_id, &store) {
+                        let stored = store.get(id).await.ok().flatten();
+                        if stored.is_some_and(|c| c.ahead_of_time) {
+                            ready_served.insert(id.clone());
+                        }
+                    }
                 }
                 settle(engine).await;
                 if !matches!(way, Way::Naive(_)) {
@@ -358,20 +366,26 @@ pub fn set_compaction(config: CompactionConfig) {
 
 /// The engine at `window`, with the memory store and the compaction settings (the default's:
 /// ahead-of-time summaries on, clearing first).
-fn engine(model: &str, window: u64, writer: Arc<Writer>, metrics: Arc<Metrics>) -> Arc<Engine> {
+fn engine(
+    model: &str,
+    window: u64,
+    writer: Arc<Writer>,
+    metrics: Arc<Metrics>,
+) -> (Arc<Engine>, Arc<dyn CheckpointStore>) {
     let summarizer = SummarizerConfig {
         window: 1_000_000,
         ..SummarizerConfig::default()
     };
+    let store = Arc::new(MemoryStore::default()) as Arc<dyn CheckpointStore>;
     let parts = Parts {
-        store: Arc::new(MemoryStore::default()) as Arc<dyn CheckpointStore>,
+        store: store.clone(),
         meter: Meter::new(100_000),
         windows: WindowTable::new(&BTreeMap::from([(model.to_string(), window)]), window),
         summary_writer: writer,
         metrics,
     };
     let compaction = COMPACTION.get_or_init(CompactionConfig::default).clone();
-    Arc::new(Engine::new(compaction, summarizer, parts))
+    (Arc::new(Engine::new(compaction, summarizer, parts)), store)
 }
 
 fn parse(body: &Value, messages: &[Value]) -> Result<ChatRequest, String> {
@@ -394,7 +408,7 @@ pub async fn one_shots(
     let meter = Meter::new(100_000);
     let writer = writer();
     let metrics = Arc::new(Metrics::default());
-    let engine = engine(&model, window, writer.clone(), metrics.clone());
+    let (engine, _) = engine(&model, window, writer.clone(), metrics.clone());
     let mut sent = 0;
     for k in 0..count {
         let target = window as f64 * (low + (high - low) * k as f64 / (count - 1).max(1) as f64);
