@@ -709,6 +709,9 @@ async fn a_summary_that_finishes_during_the_drain_is_kept() {
     mock.state.summary_delay_ms.store(1000, Ordering::SeqCst);
     let mut cfg = windowed(&mock, "agent-model", 4000);
     cfg.compaction.ahead_of_time = true;
+    // Half the input's room: a turn never jumps from below the soft threshold to past the
+    // window.
+    cfg.compaction.soft_threshold = 0.5;
     let app = compactor::server::build(&cfg).await.unwrap();
     let mut proxy = common::start_app_with_grace(app, Duration::from_secs(10)).await;
     // The conversation grows until it passes the soft threshold: its next summary is written

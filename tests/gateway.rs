@@ -401,6 +401,9 @@ async fn a_summary_prepared_ahead_of_time_on_one_replica_serves_the_other(redis:
     cfg.windows.insert("agent-model".into(), 4000);
     cfg.summarizer.window = 100_000;
     cfg.compaction.ahead_of_time = true;
+    // Half the input's room: a turn of this conversation never jumps from below the soft
+    // threshold to past the window.
+    cfg.compaction.soft_threshold = 0.5;
     let (a, b) = (start_proxy(cfg.clone()).await, start_proxy(cfg).await);
     // Grow the conversation on replica A until it passes the soft threshold.
     let mut turns = 1;
