@@ -206,9 +206,45 @@ impl Served {
         served
     }
 
+    /// Starts `compactor serve` on a free port in front of `upstream`; returns it and its
+    /// address.
+    fn in_front_of(upstream: &str, env: &[(&str, &str)]) -> (Served, String) {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let listen = format!("127.0.0.1:{port}");
+        let served = Served::start(&["--listen", &listen, "--upstream", upstream], env);
+        (served, listen)
+    }
+
     fn log(&self) -> String {
         self.log.lock().unwrap().clone()
     }
+
+    /// The log once a line containing `text` is in it (5 s at most).
+    async fn log_with(&self, text: &str) -> String {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while !self.log().contains(text) {
+            assert!(tokio::time::Instant::now() < deadline, "{}", self.log());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        self.log()
+    }
+}
+
+/// Sends a chat completion `body` to the proxy at `listen`, expects 200 and reads the answer.
+async fn post_chat(listen: &str, body: String) {
+    let response = client()
+        .post(format!("http://{listen}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    response.bytes().await.unwrap();
 }
 
 impl Drop for Served {
@@ -274,35 +310,14 @@ fn check_config_and_serve_hide_url_credentials() {
 #[tokio::test]
 async fn a_newline_in_a_client_value_cannot_forge_a_log_line() {
     let mock = start_mock().await;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let listen = format!("127.0.0.1:{port}");
-    let served = Served::start(&["--listen", &listen, "--upstream", &mock.url()], &[]);
+    let (served, listen) = Served::in_front_of(&mock.url(), &[]);
     let forged = "2026-01-01T00:00:00.000000Z  INFO compactor: FORGED";
-    let response = client()
-        .post(format!("http://{listen}/v1/chat/completions"))
-        .header("content-type", "application/json")
-        .body(
-            serde_json::json!({
-                "model": format!("gpt-4o\n{forged}\r\n{forged}"),
-                "messages": [{"role": "user", "content": "hi"}],
-            })
-            .to_string(),
-        )
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 200);
-    response.bytes().await.unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while !served.log().contains("Served a chat request") {
-        assert!(tokio::time::Instant::now() < deadline, "{}", served.log());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let log = served.log();
+    let body = serde_json::json!({
+        "model": format!("gpt-4o\n{forged}\r\n{forged}"),
+        "messages": [{"role": "user", "content": "hi"}],
+    });
+    post_chat(&listen, body.to_string()).await;
+    let log = served.log_with("Served a chat request").await;
     assert!(log.contains("FORGED"), "{log}");
     for line in log.lines() {
         assert!(!line.starts_with("2026-01-01"), "forged line: {line}");
@@ -312,38 +327,14 @@ async fn a_newline_in_a_client_value_cannot_forge_a_log_line() {
 #[tokio::test]
 async fn a_model_with_spaces_cannot_forge_fields_of_the_served_request_line() {
     let mock = start_mock().await;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let listen = format!("127.0.0.1:{port}");
     // Plain text, as a log collector reads it (no colour codes between the fields).
-    let served = Served::start(
-        &["--listen", &listen, "--upstream", &mock.url()],
-        &[("NO_COLOR", "1")],
-    );
-    let response = client()
-        .post(format!("http://{listen}/v1/chat/completions"))
-        .header("content-type", "application/json")
-        .body(
-            serde_json::json!({
-                "model": "gpt-4o status=500 compacted=true",
-                "messages": [{"role": "user", "content": "hi"}],
-            })
-            .to_string(),
-        )
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 200);
-    response.bytes().await.unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while !served.log().contains("Served a chat request") {
-        assert!(tokio::time::Instant::now() < deadline, "{}", served.log());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let log = served.log();
+    let (served, listen) = Served::in_front_of(&mock.url(), &[("NO_COLOR", "1")]);
+    let body = serde_json::json!({
+        "model": "gpt-4o status=500 compacted=true",
+        "messages": [{"role": "user", "content": "hi"}],
+    });
+    post_chat(&listen, body.to_string()).await;
+    let log = served.log_with("Served a chat request").await;
     let line = log
         .lines()
         .find(|l| l.contains("Served a chat request"))
@@ -361,29 +352,11 @@ async fn a_model_with_spaces_cannot_forge_fields_of_the_served_request_line() {
 #[tokio::test]
 async fn a_log_filter_leaves_out_the_served_request_line() {
     let mock = start_mock().await;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let listen = format!("127.0.0.1:{port}");
-    let served = Served::start(
-        &["--listen", &listen, "--upstream", &mock.url()],
-        &[(
-            "COMPACTOR_LOG",
-            "info,compactor::http::exchange::closing=warn",
-        )],
-    );
+    let filter = "info,compactor::http::exchange::closing=warn";
+    let (served, listen) = Served::in_front_of(&mock.url(), &[("COMPACTOR_LOG", filter)]);
     for _ in 0..3 {
-        let response = client()
-            .post(format!("http://{listen}/v1/chat/completions"))
-            .header("content-type", "application/json")
-            .body(r#"{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}"#)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(response.status(), 200);
-        response.bytes().await.unwrap();
+        let body = r#"{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}"#;
+        post_chat(&listen, body.to_string()).await;
     }
     // Past the log's gathering time (20 ms): a line would have been written by now.
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -675,13 +648,7 @@ async fn an_error_that_only_quotes_overflow_words_is_passed_on_without_a_retry()
 #[tokio::test]
 async fn the_log_names_each_requests_conversation_and_checkpoint_and_what_a_checkpoint_replaces() {
     let mock = start_mock().await;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let listen = format!("127.0.0.1:{port}");
-    let served = Served::start(&["--listen", &listen, "--upstream", &mock.url()], &[]);
+    let (served, listen) = Served::in_front_of(&mock.url(), &[]);
     let mut messages = vec![serde_json::json!({"role": "system", "content": "be brief"})];
     let mut ids = Vec::new();
     for turn in 0..2 {
