@@ -234,15 +234,16 @@ impl Served {
     }
 }
 
-/// Sends a chat completion `body` to the proxy at `listen`, expects 200 and reads the answer.
-async fn post_chat(listen: &str, body: String) {
-    let response = client()
+/// Sends a chat completion `body` with `headers` to the proxy at `listen`, expects 200 and
+/// reads the answer.
+async fn post_chat(listen: &str, headers: &[(&str, &str)], body: String) {
+    let mut request = client()
         .post(format!("http://{listen}/v1/chat/completions"))
-        .header("content-type", "application/json")
-        .body(body)
-        .send()
-        .await
-        .unwrap();
+        .header("content-type", "application/json");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = request.body(body).send().await.unwrap();
     assert_eq!(response.status(), 200);
     response.bytes().await.unwrap();
 }
@@ -316,7 +317,7 @@ async fn a_newline_in_a_client_value_cannot_forge_a_log_line() {
         "model": format!("gpt-4o\n{forged}\r\n{forged}"),
         "messages": [{"role": "user", "content": "hi"}],
     });
-    post_chat(&listen, body.to_string()).await;
+    post_chat(&listen, &[], body.to_string()).await;
     let log = served.log_with("Served a chat request").await;
     assert!(log.contains("FORGED"), "{log}");
     for line in log.lines() {
@@ -333,7 +334,7 @@ async fn a_model_with_spaces_cannot_forge_fields_of_the_served_request_line() {
         "model": "gpt-4o status=500 compacted=true",
         "messages": [{"role": "user", "content": "hi"}],
     });
-    post_chat(&listen, body.to_string()).await;
+    post_chat(&listen, &[], body.to_string()).await;
     let log = served.log_with("Served a chat request").await;
     let line = log
         .lines()
@@ -350,13 +351,43 @@ async fn a_model_with_spaces_cannot_forge_fields_of_the_served_request_line() {
 }
 
 #[tokio::test]
+async fn a_named_tenant_s_served_line_carries_its_span() {
+    let mock = start_mock().await;
+    let keys = format!(
+        "alice {}",
+        compactor::http::gateway_keys::hash_key("sk-alice")
+    );
+    let (served, listen) = Served::in_front_of(
+        &mock.url(),
+        &[
+            ("COMPACTOR_GATEWAY_KEYS_ENV", "HARDENING_KEYS"),
+            ("HARDENING_KEYS", keys.as_str()),
+        ],
+    );
+    let body = r#"{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}"#;
+    post_chat(
+        &listen,
+        &[("authorization", "Bearer sk-alice")],
+        body.to_string(),
+    )
+    .await;
+    let log = served.log_with("Served a chat request").await;
+    let line = log.lines().find(|l| l.contains("Served a chat")).unwrap();
+    // The formatter writes the tenant's span before the target; the direct line could not.
+    assert!(
+        line.contains("request{tenant=alice}: compactor::http::exchange::closing: Served a chat"),
+        "{line}"
+    );
+}
+
+#[tokio::test]
 async fn a_log_filter_leaves_out_the_served_request_line() {
     let mock = start_mock().await;
     let filter = "info,compactor::http::exchange::closing=warn";
     let (served, listen) = Served::in_front_of(&mock.url(), &[("COMPACTOR_LOG", filter)]);
     for _ in 0..3 {
         let body = r#"{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}"#;
-        post_chat(&listen, body.to_string()).await;
+        post_chat(&listen, &[], body.to_string()).await;
     }
     // Past the log's gathering time (20 ms): a line would have been written by now.
     tokio::time::sleep(Duration::from_millis(500)).await;

@@ -82,27 +82,23 @@ impl Exchange<'_> {
         }
         spans::outcome(&mut span, &outcome, checkpoint.as_deref());
         spans::status(&mut span, status.as_u16());
-        served_line::log(
-            &ServedLine {
-                dialect: self.target.dialect.name(),
-                path: self.target.path,
-                status: status.as_u16(),
-                model: request.model(),
-                prompt_tokens: outcome.prompt_tokens,
-                tokens_sent: outcome.tokens_after,
-                compacted: outcome.compacted,
-                conversation: outcome
-                    .anchor
-                    .as_deref()
-                    .map_or("-", |a| a.get(..16).unwrap_or(a)),
-                checkpoint: outcome.checkpoint_id.as_deref().unwrap_or("-"),
-                upstream_ms: self.upstream_time.as_millis() as u64,
-                summary_ms: outcome.summary_time.as_millis() as u64,
-                overhead_ms: overhead.as_secs_f64() * 1000.0,
-            },
-            // The identifying middleware runs a named tenant's request in a span.
-            self.tenant.name.is_some(),
-        );
+        served_line::log(&ServedLine {
+            dialect: self.target.dialect.name(),
+            path: self.target.path,
+            status: status.as_u16(),
+            model: request.model(),
+            prompt_tokens: outcome.prompt_tokens,
+            tokens_sent: outcome.tokens_after,
+            compacted: outcome.compacted,
+            conversation: outcome
+                .anchor
+                .as_deref()
+                .map_or("-", |a| a.get(..16).unwrap_or(a)),
+            checkpoint: outcome.checkpoint_id.as_deref().unwrap_or("-"),
+            upstream_ms: self.upstream_time.as_millis() as u64,
+            summary_ms: outcome.summary_time.as_millis() as u64,
+            overhead_ms: overhead.as_secs_f64() * 1000.0,
+        });
         conversations::record(
             app,
             self.tenant,
