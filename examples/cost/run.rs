@@ -56,8 +56,9 @@ pub struct Bill {
 }
 
 /// A summarizer that writes [`SUMMARY_TOKENS`] and keeps what it was sent.
-#[derive(Default)]
 struct Writer {
+    /// The conversation's encoding, in which a summary's text is as long as it is billed.
+    encoding: Encoding,
     written: AtomicU64,
     /// Whether the engine may ask it for summaries that continue the conversation.
     continues: bool,
@@ -81,11 +82,33 @@ pub fn set_standalone_summaries(standalone: bool) {
     let _ = STANDALONE.set(standalone);
 }
 
-fn writer() -> Arc<Writer> {
+fn writer(encoding: Encoding) -> Arc<Writer> {
     Arc::new(Writer {
+        encoding,
+        written: AtomicU64::new(0),
         continues: !STANDALONE.get().copied().unwrap_or(false),
-        ..Writer::default()
+        sent: Mutex::default(),
     })
+}
+
+/// Words of one token each in the encodings the replays use.
+const ONE_TOKEN_WORDS: [&str; 8] = [
+    " the", " file", " was", " changed", " and", " tested", " then", " user",
+];
+
+/// The `n`th summary's text, `tokens` long in `encoding`: the model's answer as long as it is
+/// billed, so the summary message forwarded afterwards is the size a real one would be.
+fn summary_of(n: u64, tokens: u64, encoding: Encoding) -> String {
+    let mut text = format!("Summary {n}:");
+    let mut words = (0..).map(|i| ONE_TOKEN_WORDS[(i + n as usize) % ONE_TOKEN_WORDS.len()]);
+    // Each word is one token: add as many as are missing until the count reaches the length.
+    loop {
+        let missing = tokens.saturating_sub(encoding.count(&text));
+        if missing == 0 {
+            return text;
+        }
+        text.extend(words.by_ref().take(missing as usize));
+    }
 }
 
 #[async_trait::async_trait]
@@ -97,7 +120,7 @@ impl Summarizer for Writer {
     ) -> Result<String, SummarizerError> {
         let n = self.written.fetch_add(1, Ordering::SeqCst);
         let words = SUMMARY_TOKENS.min(request.max_tokens);
-        let text: String = (0..words).map(|i| format!(" s{n}w{}", i % 7)).collect();
+        let text = summary_of(n, words, self.encoding);
         let sent = SentSummary {
             prompt: format!("{}\n{}", request.system, request.user),
             continued: request
@@ -136,7 +159,7 @@ pub async fn replay(body: &Value, way: Way) -> Result<Bill, String> {
     let model = body["model"].as_str().unwrap_or_default().to_string();
     let encoding = Encoding::for_model(&model);
     let meter = Meter::new(100_000);
-    let writer = writer();
+    let writer = writer(encoding);
     let metrics = Arc::new(Metrics::default());
     let (engine, store) = match way {
         Way::Straight => (None, None),
@@ -406,7 +429,8 @@ pub async fn one_shots(
     let messages = body["messages"].as_array().ok_or("no messages")?.clone();
     let model = body["model"].as_str().unwrap_or_default().to_string();
     let meter = Meter::new(100_000);
-    let writer = writer();
+    let encoding = Encoding::for_model(&model);
+    let writer = writer(encoding);
     let metrics = Arc::new(Metrics::default());
     let (engine, _) = engine(&model, window, writer.clone(), metrics.clone());
     let mut sent = 0;
@@ -441,7 +465,6 @@ pub async fn one_shots(
     }
     let written = std::mem::take(&mut *writer.sent.lock().unwrap());
     let mut tokens = Tokens::default();
-    let encoding = Encoding::for_model(&model);
     for summary in &written {
         // Billed as fresh input either way: nothing of a one-shot conversation is cached when
         // its summary is asked beside its only request.
@@ -459,4 +482,25 @@ pub async fn one_shots(
         });
     }
     Ok((sent, written.len() as u64, tokens))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_summary_is_as_long_in_the_prompt_as_it_is_billed() {
+        for encoding in [Encoding::O200k, Encoding::Cl100k] {
+            let first = summary_of(0, SUMMARY_TOKENS, encoding);
+            let second = summary_of(1, SUMMARY_TOKENS, encoding);
+            assert_eq!(encoding.count(&first), SUMMARY_TOKENS);
+            assert_eq!(encoding.count(&second), SUMMARY_TOKENS);
+            // Each summary is its own text, so no prompt shares it with an earlier one.
+            assert_ne!(first, second);
+        }
+        assert_eq!(
+            Encoding::O200k.count(&summary_of(3, 40, Encoding::O200k)),
+            40
+        );
+    }
 }
