@@ -181,3 +181,85 @@ async fn turned_off_it_summarizes_only_at_the_window() {
     }
     panic!("never crossed the window");
 }
+
+/// One tool step: a read of `src/m{t}.rs` and its result of about 250 tokens.
+fn tool_step(messages: &mut Vec<Value>, t: usize) {
+    messages.push(json!({"role": "assistant", "content": null, "tool_calls": [
+        {"id": format!("call_{t}"), "type": "function",
+         "function": {"name": "read", "arguments": format!("{{\"path\":\"src/m{t}.rs\"}}")}}]}));
+    messages.push(json!({"role": "tool", "tool_call_id": format!("call_{t}"),
+        "content": format!("fn m{t}() {{}} {}", "data ".repeat(250))}));
+}
+
+fn ready_used(metrics: &str) -> u64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("compactor_ready_checkpoints_used_total "))
+        .map_or(0, |v| v.trim().parse().unwrap())
+}
+
+#[tokio::test]
+async fn a_clearing_over_the_ready_summary_counts_it_as_used() {
+    let mock = start_mock().await;
+    mock.set_window(W);
+    mock.state.summary_delay_ms.store(50, Ordering::SeqCst);
+    let mut cfg = config(&mock.url());
+    cfg.windows.insert("agent-model".into(), W);
+    cfg.summarizer.window = 100_000;
+    cfg.compaction.ahead_of_time = true;
+    cfg.compaction.clear_tool_results_first = true;
+    cfg.compaction.clear_min_share = 0.0;
+    let proxy = start_proxy(cfg).await;
+    let metrics = || async {
+        common::get(&format!("{}/metrics", proxy.url()), None)
+            .await
+            .1
+    };
+
+    // Plain turns until a summary is made ahead of time, then the window is crossed through it.
+    let mut messages = vec![json!({"role":"system","content":"You help with code."})];
+    let mut t = 0;
+    let ready_id = loop {
+        assert!(t < 60, "the ready summary was never applied");
+        turn(&mut messages, t);
+        t += 1;
+        let (headers, _) = send(&proxy, &messages).await;
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        if headers.get("x-compactor-compacted").unwrap() == "true" {
+            assert_eq!(headers.get("x-compactor-ready-checkpoint").unwrap(), "true");
+            break headers.get("x-compactor-checkpoint").unwrap().clone();
+        }
+    };
+    // The next summaries take longer than the agent's steps, so the ready one stays the newest.
+    mock.state.summary_delay_ms.store(30_000, Ordering::SeqCst);
+
+    // Tool steps until the conversation is over the window even through the ready summary:
+    // clearing old results over it is enough, without waiting for a summary.
+    let cleared = loop {
+        assert!(t < 120, "no clearing was made over the ready summary");
+        tool_step(&mut messages, t);
+        t += 1;
+        let used_before = ready_used(&metrics().await);
+        let (headers, elapsed) = send(&proxy, &messages).await;
+        assert_eq!(headers.get("x-compactor-compacted").unwrap(), "true");
+        assert_eq!(headers.get("x-compactor-ready-checkpoint").unwrap(), "true");
+        assert!(headers.get("x-compactor-summary-ms").is_none());
+        assert!(
+            elapsed < Duration::from_secs(5),
+            "step {t} waited {elapsed:?}"
+        );
+        // Every request the ready summary served is counted, the clearing's too.
+        assert_eq!(ready_used(&metrics().await), used_before + 1, "step {t}");
+        let id = headers.get("x-compactor-checkpoint").unwrap().clone();
+        if id != ready_id {
+            break id;
+        }
+    };
+    let chats = mock.chats();
+    let forwarded = String::from_utf8_lossy(&chats.last().unwrap().body).to_string();
+    assert!(
+        forwarded.contains("cleared"),
+        "{cleared:?} is not a clearing"
+    );
+    assert_eq!(mock.state.overflows.load(Ordering::SeqCst), 0);
+}

@@ -102,6 +102,8 @@ impl Engine {
                     self.count_compaction(trigger);
                     outcome.summarized = true;
                 } else if checkpoint.ahead_of_time {
+                    // Another request's summary, made ahead of time, finished while this one
+                    // waited for it.
                     outcome.ready_checkpoint_used = true;
                     self.metrics.ready_checkpoints_used.inc();
                 }

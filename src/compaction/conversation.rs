@@ -206,9 +206,8 @@ impl Engine {
             .find(|c| c.ahead_of_time && c.covered > view.checkpoint.map_or(0, |r| r.covered))
         {
             view = self.view(conversation, Some(ready));
-            outcome.ready_checkpoint_used = true;
             if !forced && self.fits(conversation, &view) {
-                self.metrics.ready_checkpoints_used.inc();
+                self.note_ready_used(&view, outcome);
                 // The conversation keeps growing from here: prepare its next summary early too.
                 self.maybe_start_background(conversation, &view);
                 return Applied::Ready(self.rewrite(conversation, &view, std::mem::take(outcome)));
@@ -237,6 +236,16 @@ impl Engine {
         let tokens = request.summary_tokens(encoding, &text);
         self.summary_tokens.insert(key, tokens);
         tokens
+    }
+
+    /// Marks the request as served by a summary prepared ahead of time, and counts it, when
+    /// `view` goes through one: applied as it is, or as the base of a clearing or a fallback,
+    /// so the request did not wait for a summary of its own.
+    pub(super) fn note_ready_used(&self, view: &View<'_>, outcome: &mut Outcome) {
+        if view.checkpoint.is_some_and(|c| c.ahead_of_time) && !outcome.ready_checkpoint_used {
+            outcome.ready_checkpoint_used = true;
+            self.metrics.ready_checkpoints_used.inc();
+        }
     }
 
     /// What the request costs when sent through `checkpoint`.
