@@ -101,11 +101,10 @@ impl Engine {
                 if summarized {
                     self.count_compaction(trigger);
                     outcome.summarized = true;
-                } else if checkpoint.ahead_of_time {
-                    // Another request's summary, made ahead of time, finished while this one
-                    // waited for it.
-                    outcome.ready_checkpoint_used = true;
-                    self.metrics.ready_checkpoints_used.inc();
+                } else {
+                    // Another request's summary, made ahead of time, may have finished while
+                    // this one waited for it.
+                    self.note_ready_used(Some(&checkpoint), &mut outcome);
                 }
                 let view = self.view(conversation, Some(&checkpoint));
                 let fits = self.fits(conversation, &view);

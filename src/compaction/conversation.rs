@@ -207,7 +207,7 @@ impl Engine {
         {
             view = self.view(conversation, Some(ready));
             if !forced && self.fits(conversation, &view) {
-                self.note_ready_used(&view, outcome);
+                self.note_ready_used(view.checkpoint, outcome);
                 // The conversation keeps growing from here: prepare its next summary early too.
                 self.maybe_start_background(conversation, &view);
                 return Applied::Ready(self.rewrite(conversation, &view, std::mem::take(outcome)));
@@ -239,10 +239,14 @@ impl Engine {
     }
 
     /// Marks the request as served by a summary prepared ahead of time, and counts it, when
-    /// `view` goes through one: applied as it is, or as the base of a clearing or a fallback,
-    /// so the request did not wait for a summary of its own.
-    pub(super) fn note_ready_used(&self, view: &View<'_>, outcome: &mut Outcome) {
-        if view.checkpoint.is_some_and(|c| c.ahead_of_time) && !outcome.ready_checkpoint_used {
+    /// `served_through` is one: applied as it is, as the base of a clearing or a fallback, or
+    /// another request's that finished while this one waited; never a summary of its own.
+    pub(super) fn note_ready_used(
+        &self,
+        served_through: Option<&Checkpoint>,
+        outcome: &mut Outcome,
+    ) {
+        if served_through.is_some_and(|c| c.ahead_of_time) && !outcome.ready_checkpoint_used {
             outcome.ready_checkpoint_used = true;
             self.metrics.ready_checkpoints_used.inc();
         }

@@ -328,14 +328,14 @@ impl Engine {
                 .await
             {
                 // A clearing over a ready summary serves that summary without waiting.
-                self.note_ready_used(&view, &mut outcome);
+                self.note_ready_used(view.checkpoint, &mut outcome);
                 let view = self.view(conversation, Some(&cleared));
                 return Ok(self.rewrite(conversation, &view, outcome));
             }
         }
         if let Some(status) = self.backing_off(conversation) {
             outcome.status = Some(status);
-            self.note_ready_used(&view, &mut outcome);
+            self.note_ready_used(view.checkpoint, &mut outcome);
             return Ok(self.fallback(conversation, &view, outcome));
         }
         Ok(self.summarize(conversation, &view, trigger, outcome).await)

@@ -123,12 +123,14 @@ pub fn leave_newest_turn_out(
     turn_budget: u64,
 ) -> Result<Plan, PlanError> {
     let step_follows = input.roles.last() != Some(&Role::User);
-    let newest_turn: u64 = input
-        .roles
-        .iter()
-        .rposition(|r| *r == Role::User)
-        .map_or(0, |user| input.tokens[user..].iter().sum());
-    if step_follows && newest_turn > turn_budget {
+    let newest_turn = || -> u64 {
+        input
+            .roles
+            .iter()
+            .rposition(|r| *r == Role::User)
+            .map_or(0, |user| input.tokens[user..].iter().sum())
+    };
+    if step_follows && newest_turn() > turn_budget {
         return Ok(chosen);
     }
     // Where the whole-turn cut is refused, `chosen` cuts inside the newest turn.
