@@ -26,9 +26,39 @@ pub fn hex(hash: &Hash) -> String {
 
 /// The tenant seed: a hash of the client's credential (empty for anonymous clients).
 pub fn tenant(credential: &str) -> Hash {
-    let mut h = blake3::Hasher::new_derive_key("compactor tenant v1");
-    h.update(credential.as_bytes());
-    *h.finalize().as_bytes()
+    let mut seed = TenantSeed::new();
+    seed.update(credential.as_bytes());
+    seed.finish()
+}
+
+/// A tenant seed hashed from its credential's pieces as they come, without joining them first:
+/// the same seed as [`tenant`] of the pieces' concatenation.
+pub struct TenantSeed(blake3::Hasher);
+
+impl TenantSeed {
+    pub fn new() -> TenantSeed {
+        // Deriving the key hashes the context string: done once, the hasher cloned after.
+        static START: std::sync::OnceLock<blake3::Hasher> = std::sync::OnceLock::new();
+        TenantSeed(
+            START
+                .get_or_init(|| blake3::Hasher::new_derive_key("compactor tenant v1"))
+                .clone(),
+        )
+    }
+
+    pub fn update(&mut self, piece: &[u8]) {
+        self.0.update(piece);
+    }
+
+    pub fn finish(self) -> Hash {
+        *self.0.finalize().as_bytes()
+    }
+}
+
+impl Default for TenantSeed {
+    fn default() -> Self {
+        TenantSeed::new()
+    }
 }
 
 /// Hash of an element's canonical JSON.

@@ -240,7 +240,8 @@ pub async fn serve(
                     _ = abandon.cancelled() => Ok(shutting_down(anthropic)),
                 };
                 answered.one_more();
-                response.map(|r| r.map(|body| axum::body::Body::new(HeldOpen { body, open })))
+                // Handed to hyper as it is: boxing it again would add a layer to every frame.
+                response.map(|r| r.map(|body| HeldOpen { body, open }))
             }
         });
         let connection = builder

@@ -31,10 +31,21 @@ pub(super) fn refuse_encoded_body(headers: &HeaderMap) -> Result<(), ApiError> {
     }
 }
 
+/// Names of the headers read and written on every request, validated once at compile time
+/// rather than on each lookup.
+const INSTRUCTIONS: HeaderName = HeaderName::from_static("x-compactor-instructions");
+const MODE: HeaderName = HeaderName::from_static("x-compactor-mode");
+const PROMPT_TOKENS: HeaderName = HeaderName::from_static("x-compactor-prompt-tokens");
+const CONTEXT_WINDOW: HeaderName = HeaderName::from_static("x-compactor-context-window");
+const OVERHEAD_MS: HeaderName = HeaderName::from_static("x-compactor-overhead-ms");
+const COMPACTED: HeaderName = HeaderName::from_static("x-compactor-compacted");
+const TOKENS_BEFORE: HeaderName = HeaderName::from_static("x-compactor-tokens-before");
+const TOKENS_AFTER: HeaderName = HeaderName::from_static("x-compactor-tokens-after");
+
 /// `x-compactor-instructions`: UTF-8 as sent, or an RFC 8187 value (`UTF-8''` followed by
 /// percent-encoded UTF-8) for clients that can only send ASCII headers.
 pub(super) fn instructions(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
-    let Some(value) = headers.get("x-compactor-instructions") else {
+    let Some(value) = headers.get(INSTRUCTIONS) else {
         return Ok(None);
     };
     let bytes = value.as_bytes();
@@ -53,9 +64,9 @@ pub(super) fn instructions(headers: &HeaderMap) -> Result<Option<String>, ApiErr
 
 /// `x-compactor-mode`: `auto` when absent.
 pub(super) fn mode(headers: &HeaderMap) -> Result<Mode, ApiError> {
-    match header_str(headers, "x-compactor-mode") {
+    match headers.get(MODE).and_then(|v| v.to_str().ok()) {
         None => Ok(Mode::Auto),
-        Some(v) => Mode::parse(&v).ok_or_else(|| ApiError::BadRequest {
+        Some(v) => Mode::parse(v).ok_or_else(|| ApiError::BadRequest {
             message: format!("invalid x-compactor-mode `{v}`: expected auto, force or off"),
             param: Some("x-compactor-mode".into()),
             code: None,
@@ -67,20 +78,20 @@ pub(super) fn mode(headers: &HeaderMap) -> Result<Mode, ApiError> {
 /// its betas and accounts it uses: a summary request made on the client's behalf needs them as
 /// much as the client's own (Anthropic refuses a request without `anthropic-version`, and a
 /// summary that continues the conversation carries its beta tools and features).
-const PROVIDER_HEADERS: &[&str] = &[
-    "anthropic-version",
-    "anthropic-beta",
-    "openai-organization",
-    "openai-project",
+const PROVIDER_HEADERS: [HeaderName; 4] = [
+    HeaderName::from_static("anthropic-version"),
+    HeaderName::from_static("anthropic-beta"),
+    HeaderName::from_static("openai-organization"),
+    HeaderName::from_static("openai-project"),
 ];
 
 /// The client's credential and provider headers, for summary requests made on its behalf
 /// (without the betas Compactor serves itself, which a summary request never uses).
 pub(super) fn credential_headers(headers: &HeaderMap) -> HeaderMap {
     let mut out = HeaderMap::new();
-    for name in CREDENTIAL_HEADERS.iter().chain(PROVIDER_HEADERS) {
-        for value in headers.get_all(*name) {
-            out.append(HeaderName::from_static(name), value.clone());
+    for name in CREDENTIAL_HEADERS.iter().chain(&PROVIDER_HEADERS) {
+        for value in headers.get_all(name) {
+            out.append(name.clone(), value.clone());
         }
     }
     super::context_edits::strip_served_betas(&mut out);
@@ -101,18 +112,25 @@ pub(super) fn forwarded_headers(headers: &HeaderMap) -> HeaderMap {
     out
 }
 
-/// A header's value as text, when it is text.
-pub(super) fn header_str(headers: &HeaderMap, name: &str) -> Option<String> {
-    headers
-        .get(name)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string)
+/// Sets a header the proxy writes; a value that is not a valid header value is left out.
+pub(super) fn set(headers: &mut HeaderMap, name: impl Into<Name>, value: impl ToString) {
+    if let Ok(v) = HeaderValue::from_str(&value.to_string()) {
+        headers.insert(name.into().0, v);
+    }
 }
 
-/// Sets a header the proxy writes; a value that is not a valid header value is left out.
-pub(super) fn set(headers: &mut HeaderMap, name: &'static str, value: impl ToString) {
-    if let Ok(v) = HeaderValue::from_str(&value.to_string()) {
-        headers.insert(HeaderName::from_static(name), v);
+/// A header name the proxy writes: a constant, or a static string checked where it is used.
+pub(super) struct Name(HeaderName);
+
+impl From<HeaderName> for Name {
+    fn from(name: HeaderName) -> Name {
+        Name(name)
+    }
+}
+
+impl From<&'static str> for Name {
+    fn from(name: &'static str) -> Name {
+        Name(HeaderName::from_static(name))
     }
 }
 
@@ -123,16 +141,19 @@ pub(super) fn outcome_headers(
     outcome: &Outcome,
     overhead: Duration,
 ) {
-    set(headers, "x-compactor-prompt-tokens", outcome.prompt_tokens);
-    set(headers, "x-compactor-context-window", outcome.window);
+    headers.insert(PROMPT_TOKENS, outcome.prompt_tokens.into());
+    headers.insert(CONTEXT_WINDOW, outcome.window.into());
     set(
         headers,
-        "x-compactor-overhead-ms",
+        OVERHEAD_MS,
         format!("{:.3}", overhead.as_secs_f64() * 1000.0),
     );
-    set(headers, "x-compactor-compacted", outcome.compacted);
-    set(headers, "x-compactor-tokens-before", outcome.tokens_before);
-    set(headers, "x-compactor-tokens-after", outcome.tokens_after);
+    headers.insert(
+        COMPACTED,
+        HeaderValue::from_static(if outcome.compacted { "true" } else { "false" }),
+    );
+    headers.insert(TOKENS_BEFORE, outcome.tokens_before.into());
+    headers.insert(TOKENS_AFTER, outcome.tokens_after.into());
     if let Some(id) = &outcome.checkpoint_id {
         set(headers, "x-compactor-checkpoint", id);
     }

@@ -29,6 +29,7 @@
 //! for the next HTTP/1.1 request itself, but nothing bounds an idle HTTP/2 connection).
 
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -39,7 +40,8 @@ use futures::{Stream, StreamExt};
 use http::HeaderMap;
 use http_body_util::BodyExt;
 use hyper::body::{Frame, SizeHint};
-use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
 
 use super::error::ApiError;
 
@@ -114,46 +116,77 @@ pub struct ConnectionLimits {
 
 /// The requests open on one connection: from the moment its handler is called until its
 /// response body is sent or dropped (a streamed answer keeps its connection busy).
+///
+/// Opening and closing a request only touch two atomics: the connection's task is not woken
+/// for either. The wait for an idle spell ([`Activity::idle_for`]) instead sleeps until the
+/// moment the connection would have been idle long enough and checks again then.
 #[derive(Clone)]
-pub struct Activity(Arc<watch::Sender<usize>>);
+pub struct Activity(Arc<Counts>);
+
+struct Counts {
+    open: AtomicUsize,
+    /// When the last request closed (or the connection started), in nanoseconds after `since`.
+    last_closed: AtomicU64,
+    since: Instant,
+}
 
 /// One open request of an [`Activity`]; the request is over when this is dropped.
-pub struct Open(Arc<watch::Sender<usize>>);
+pub struct Open(Arc<Counts>);
 
 impl Default for Activity {
     fn default() -> Activity {
-        Activity(Arc::new(watch::Sender::new(0)))
+        Activity(Arc::new(Counts {
+            open: AtomicUsize::new(0),
+            last_closed: AtomicU64::new(0),
+            since: Instant::now(),
+        }))
+    }
+}
+
+impl Counts {
+    fn elapsed_nanos(&self) -> u64 {
+        u64::try_from(self.since.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
 }
 
 impl Activity {
     /// Counts a request as open until the returned guard is dropped.
     pub fn open(&self) -> Open {
-        self.0.send_modify(|n| *n += 1);
+        self.0.open.fetch_add(1, Ordering::AcqRel);
         Open(self.0.clone())
     }
 
     /// Resolves once no request has been open for `bound` without a break; any request that
     /// opens meanwhile starts the wait over once it is done.
     pub async fn idle_for(&self, bound: Duration) {
-        let mut open = self.0.subscribe();
+        let counts = &self.0;
         loop {
-            let now_open = *open.borrow_and_update();
-            if now_open == 0 {
-                if tokio::time::timeout(bound, open.changed()).await.is_err() {
+            let wake_at = if counts.open.load(Ordering::Acquire) > 0 {
+                // Busy now: it cannot be idle for `bound` before `bound` from now.
+                Instant::now() + bound
+            } else {
+                let closed =
+                    counts.since + Duration::from_nanos(counts.last_closed.load(Ordering::Acquire));
+                let idle_until = closed + bound;
+                if Instant::now() >= idle_until {
                     return;
                 }
-            } else {
-                // `self` holds the sender, so this only ever returns on a change.
-                let _ = open.changed().await;
-            }
+                idle_until
+            };
+            tokio::time::sleep_until(wake_at).await;
         }
     }
 }
 
 impl Drop for Open {
     fn drop(&mut self) {
-        self.0.send_modify(|n| *n = n.saturating_sub(1));
+        let counts = &self.0;
+        // The time first, so that a waiter that sees no request open also sees when the last
+        // one closed.
+        counts
+            .last_closed
+            .fetch_max(counts.elapsed_nanos(), Ordering::AcqRel);
+        counts.open.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -385,7 +418,12 @@ mod tests {
         drop(open);
         activity.idle_for(bound).await;
         assert_eq!(started.elapsed(), Duration::from_secs(130));
+        // Idle for the bound already: no further wait.
+        let asked = tokio::time::Instant::now();
+        activity.idle_for(bound).await;
+        assert_eq!(asked.elapsed(), Duration::ZERO);
         // A request in the middle of the wait starts it over once it is done.
+        drop(activity.open());
         let started = tokio::time::Instant::now();
         let waiting = activity.clone();
         let idle = tokio::spawn(async move { waiting.idle_for(bound).await });

@@ -1,14 +1,16 @@
 //! The compacting routes, one handler per endpoint of each registered dialect: which dialect
 //! parses the body, which provider it goes to and under which path. The path each request then
 //! takes is [`exchange`](super::exchange)'s.
+//!
+//! Each handler takes the request whole and splits it, rather than through the `HeaderMap`
+//! and `Uri` extractors, which copy them.
 
 use std::sync::Arc;
 
-use axum::body::Body;
-use axum::extract::State;
+use axum::extract::{Request, State};
 use axum::response::Response;
 use axum::Extension;
-use http::{HeaderMap, Uri};
+use http::Uri;
 
 use super::app::App;
 use super::exchange::{self, Target};
@@ -20,9 +22,9 @@ use crate::metrics::Route;
 pub(super) async fn chat(
     State(app): State<Arc<App>>,
     Extension(tenant): Extension<Tenant>,
-    headers: HeaderMap,
-    body: Body,
+    request: Request,
 ) -> Response {
+    let (parts, body) = request.into_parts();
     let target = Target {
         dialect: &Chat,
         route: Route::ChatCompletions,
@@ -33,7 +35,7 @@ pub(super) async fn chat(
         client_compaction: false,
         context_edits: false,
     };
-    exchange::serve(&app, &tenant, &headers, body, target).await
+    exchange::serve(&app, &tenant, &parts.headers, body, target).await
 }
 
 /// `POST /v1/messages`: Anthropic's dialect, to the Anthropic provider. The query
@@ -41,24 +43,22 @@ pub(super) async fn chat(
 pub(super) async fn messages(
     State(app): State<Arc<App>>,
     Extension(tenant): Extension<Tenant>,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Body,
+    request: Request,
 ) -> Response {
-    let target = messages_target(&app, "/v1/messages", &uri);
-    exchange::serve(&app, &tenant, &headers, body, target).await
+    let (parts, body) = request.into_parts();
+    let target = messages_target(&app, "/v1/messages", &parts.uri);
+    exchange::serve(&app, &tenant, &parts.headers, body, target).await
 }
 
 /// `POST /v1/messages/count_tokens`: counted through the conversation's checkpoint.
 pub(super) async fn count_tokens(
     State(app): State<Arc<App>>,
     Extension(tenant): Extension<Tenant>,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Body,
+    request: Request,
 ) -> Response {
-    let target = messages_target(&app, "/v1/messages/count_tokens", &uri);
-    exchange::count_through_checkpoint(&app, &tenant, &headers, body, target).await
+    let (parts, body) = request.into_parts();
+    let target = messages_target(&app, "/v1/messages/count_tokens", &parts.uri);
+    exchange::count_through_checkpoint(&app, &tenant, &parts.headers, body, target).await
 }
 
 /// A `/v1/messages…` route on the Anthropic provider, which keeps the whole path and query.
@@ -82,11 +82,11 @@ fn messages_target<'a>(app: &'a App, path: &'static str, uri: &Uri) -> Target<'a
 pub(super) async fn input_tokens(
     State(app): State<Arc<App>>,
     Extension(tenant): Extension<Tenant>,
-    headers: HeaderMap,
-    body: Body,
+    request: Request,
 ) -> Response {
+    let (parts, body) = request.into_parts();
     let target = responses_target(&app, "/v1/responses/input_tokens");
-    exchange::count_through_checkpoint(&app, &tenant, &headers, body, target).await
+    exchange::count_through_checkpoint(&app, &tenant, &parts.headers, body, target).await
 }
 
 /// `POST /v1/responses`: the Responses dialect. A request that relies on state the provider
@@ -94,14 +94,14 @@ pub(super) async fn input_tokens(
 pub(super) async fn responses(
     State(app): State<Arc<App>>,
     Extension(tenant): Extension<Tenant>,
-    headers: HeaderMap,
-    body: Body,
+    request: Request,
 ) -> Response {
+    let (parts, body) = request.into_parts();
     let target = Target {
         holds_server_state: Some(responses::uses_server_state),
         ..responses_target(&app, "/v1/responses")
     };
-    exchange::serve(&app, &tenant, &headers, body, target).await
+    exchange::serve(&app, &tenant, &parts.headers, body, target).await
 }
 
 /// A `/v1/responses…` route on the OpenAI-compatible provider, whose base already ends in `/v1`.

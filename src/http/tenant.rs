@@ -34,20 +34,25 @@ pub struct Tenant {
 impl Tenant {
     /// The tenant a request's credential headers make, without gateway keys.
     pub fn from_credentials(headers: &HeaderMap) -> Tenant {
-        let credential = CREDENTIAL_HEADERS
-            .iter()
-            .flat_map(|name| {
-                headers
-                    .get_all(*name)
-                    .iter()
-                    .map(move |v| format!("{name}: {}", String::from_utf8_lossy(v.as_bytes())))
-            })
-            .collect::<Vec<_>>()
-            .join("\n");
+        // The seed of the lines `name: value`, one per credential header sent, joined by
+        // newlines; hashed piece by piece.
+        let mut seed = identity::TenantSeed::new();
+        let mut anonymous = true;
+        for name in &CREDENTIAL_HEADERS {
+            for value in headers.get_all(name) {
+                if !anonymous {
+                    seed.update(b"\n");
+                }
+                anonymous = false;
+                seed.update(name.as_str().as_bytes());
+                seed.update(b": ");
+                seed.update(String::from_utf8_lossy(value.as_bytes()).as_bytes());
+            }
+        }
         Tenant {
-            seed: identity::tenant(&credential),
+            seed: seed.finish(),
             name: None,
-            anonymous: credential.is_empty(),
+            anonymous,
         }
     }
 
@@ -64,12 +69,13 @@ impl Tenant {
 /// The keys a client presented, one per credential header it sent.
 fn presented_keys(headers: &HeaderMap) -> impl Iterator<Item = &str> {
     CREDENTIAL_HEADERS.iter().filter_map(|name| {
-        let value = headers.get(*name)?.to_str().ok()?.trim();
-        let key = match *name {
-            "authorization" => value
+        let value = headers.get(name)?.to_str().ok()?.trim();
+        let key = if name == http::header::AUTHORIZATION {
+            value
                 .strip_prefix("Bearer ")
-                .or_else(|| value.strip_prefix("bearer "))?,
-            _ => value,
+                .or_else(|| value.strip_prefix("bearer "))?
+        } else {
+            value
         };
         Some(key.trim())
     })
@@ -100,8 +106,8 @@ pub async fn identify(State(app): State<Arc<App>>, mut request: Request, next: N
 /// never travels upstream.
 pub fn authenticate(keys: &GatewayKeys, headers: &mut HeaderMap) -> Option<Tenant> {
     let name = presented_keys(headers).find_map(|key| keys.tenant_of(key))?;
-    for header in CREDENTIAL_HEADERS {
-        headers.remove(*header);
+    for header in &CREDENTIAL_HEADERS {
+        headers.remove(header);
     }
     Some(Tenant::named(name))
 }
@@ -149,6 +155,27 @@ mod tests {
         assert_eq!(a.seed, c.seed);
         assert!(!a.anonymous);
         assert!(Tenant::from_credentials(&HeaderMap::new()).anonymous);
+    }
+
+    #[test]
+    fn the_seed_is_the_hash_of_the_credential_lines_joined() {
+        // Checkpoints stored under a seed must still be found by the same client after an
+        // upgrade: the seed stays the hash of `name: value` lines joined by newlines.
+        let sent = headers(&[
+            ("x-api-key", "key \u{e9}"),
+            ("authorization", "Bearer a"),
+            ("authorization", "Bearer b"),
+        ]);
+        assert_eq!(
+            Tenant::from_credentials(&sent).seed,
+            identity::tenant(
+                "authorization: Bearer a\nauthorization: Bearer b\nx-api-key: key \u{e9}"
+            )
+        );
+        assert_eq!(
+            Tenant::from_credentials(&HeaderMap::new()).seed,
+            identity::tenant("")
+        );
     }
 
     #[test]
