@@ -7,9 +7,10 @@ use crate::dialect::{Role, WireRequest};
 use crate::identity::{self, Hash};
 use crate::measure::calibration::Correction;
 use crate::measure::Measured;
-use crate::store::{Checkpoint, ModelFacts};
+use crate::store::Checkpoint;
 use crate::tokenizer::REPLY_PRIMING;
 
+use super::learn::LiveFacts;
 use super::{Applied, CannotFit, Engine, Outcome, Refusal, RequestContext};
 
 /// The conversation as seen through a checkpoint: which messages are sent and what they cost.
@@ -124,10 +125,10 @@ impl Engine {
 
     /// `conversation` with the window, margin, output reserve and correction that `facts` give
     /// for its model (learned again after an overflow; nothing else changes).
-    pub(super) fn with_facts(&self, conversation: Conversation, facts: ModelFacts) -> Conversation {
+    pub(super) fn with_facts(&self, conversation: Conversation, live: &LiveFacts) -> Conversation {
         let model = conversation.request.model();
-        let window = self.window_of(model, &facts, Some(conversation.tenant));
-        let correction = self.correction(model, &facts);
+        let window = self.window_of(model, &live.facts, Some(conversation.tenant));
+        let correction = live.correction;
         let margin = self.config.margin_tokens.min(window / 16);
         let reserve = conversation
             .request

@@ -55,6 +55,23 @@ pub fn tenant_tag(tenant: &Hash) -> u64 {
     u64::from_le_bytes(bytes.as_bytes()[..8].try_into().expect("8 bytes"))
 }
 
+/// A model's facts as the cache holds them: as stored, and their live view (what has not
+/// expired) with the correction it supports, worked out once and reused by every request until
+/// a part of it expires.
+pub(super) struct CachedFacts {
+    stored: ModelFacts,
+    live: Arc<LiveFacts>,
+    /// When the first part of `live` expires (ms since the Unix epoch; `u64::MAX`: never).
+    live_until_ms: u64,
+}
+
+/// What a request is planned with: the facts not expired, and the correction they support.
+#[derive(Debug)]
+pub struct LiveFacts {
+    pub facts: ModelFacts,
+    pub correction: Correction,
+}
+
 /// How long learned model facts are trusted before re-reading the (possibly shared) store.
 const FACTS_REFRESH: Duration = Duration::from_secs(15);
 /// How far the provider's count of a prompt may be from ours (either way) and still be believed:
@@ -92,32 +109,67 @@ impl Engine {
         bound.map_or(window, |b| window.min(b))
     }
 
-    /// Learned facts for `model`, from the local cache or the store, without what has expired.
-    pub(super) async fn model_facts(&self, model: &str) -> (ModelFacts, bool) {
-        let (facts, degraded) = self.cached_or_stored_facts(model).await;
-        (facts.current(now_ms(), self.facts_ttl()), degraded)
-    }
-
-    async fn cached_or_stored_facts(&self, model: &str) -> (ModelFacts, bool) {
-        if let Some(entry) = self.facts.get(model) {
-            if entry.1.elapsed() < FACTS_REFRESH {
-                return (entry.0, false);
+    /// Learned facts for `model`, from the local cache or the store, without what has expired,
+    /// and the correction they support.
+    pub(super) async fn model_facts(&self, model: &str) -> (Arc<LiveFacts>, bool) {
+        let now = now_ms();
+        if let Some((cached, read_at)) = self.facts.get(model) {
+            if read_at.elapsed() < FACTS_REFRESH {
+                if now < cached.live_until_ms {
+                    return (cached.live.clone(), false);
+                }
+                // A part of the live view expired: worked out again, kept until the next does.
+                let entry = self.cache_entry(model, cached.stored.clone());
+                let live = entry.live.clone();
+                self.facts.insert(model.to_string(), (entry, read_at));
+                return (live, false);
             }
         }
         match self.store.model_facts(model).await {
             Ok(facts) => {
-                self.facts
-                    .insert(model.to_string(), (facts.clone(), Instant::now()));
                 self.show_facts(model, &facts);
-                (facts, false)
+                let entry = self.cache_entry(model, facts);
+                let live = entry.live.clone();
+                self.facts
+                    .insert(model.to_string(), (entry, Instant::now()));
+                (live, false)
             }
             Err(e) => {
                 self.metrics.store_errors.inc();
                 tracing::warn!(error = %e, "Reading model facts failed.");
-                let cached = self.facts.get(model).map(|e| e.0).unwrap_or_default();
-                (cached, true)
+                let cached = self
+                    .facts
+                    .get(model)
+                    .map(|(entry, _)| entry.stored.clone())
+                    .unwrap_or_default();
+                (self.cache_entry(model, cached).live.clone(), true)
             }
         }
+    }
+
+    /// The cache's entry for `stored`: its live view and correction, worked out now.
+    fn cache_entry(&self, model: &str, stored: ModelFacts) -> Arc<CachedFacts> {
+        let ttl = self.facts_ttl();
+        let facts = stored.clone().current(now_ms(), ttl);
+        let live_until_ms = if ttl.is_zero() {
+            u64::MAX
+        } else {
+            let ttl_ms = ttl.as_millis().min(u64::MAX as u128) as u64;
+            facts
+                .window_learned_ms
+                .into_iter()
+                .chain(facts.accepted_ms)
+                .chain(facts.observations.iter().map(|o| o.at_ms))
+                .map(|at| at.saturating_add(ttl_ms))
+                .min()
+                .unwrap_or(u64::MAX)
+        };
+        let correction = self.correction(model, &facts);
+        Arc::new(CachedFacts {
+            stored,
+            live: Arc::new(LiveFacts { facts, correction }),
+            live_until_ms,
+        })
     }
 
     /// Models whose facts are in memory now (at most `model_facts_cache_size`).
@@ -129,8 +181,10 @@ impl Engine {
         let ttl = self.facts_ttl();
         facts.expires_ms = (!ttl.is_zero())
             .then(|| now_ms().saturating_add(ttl.as_millis().min(u64::MAX as u128) as u64));
-        self.facts
-            .insert(model.to_string(), (facts.clone(), Instant::now()));
+        self.facts.insert(
+            model.to_string(),
+            (self.cache_entry(model, facts.clone()), Instant::now()),
+        );
         self.show_facts(model, &facts);
         if let Err(e) = self.store.put_model_facts(model, facts).await {
             self.metrics.store_errors.inc();
@@ -140,14 +194,14 @@ impl Engine {
 
     /// The window the proxy currently believes for `model`, for every tenant.
     pub async fn window_for(&self, model: &str) -> u64 {
-        let (facts, _) = self.model_facts(model).await;
-        self.window_of(model, &facts, None)
+        let (live, _) = self.model_facts(model).await;
+        self.window_of(model, &live.facts, None)
     }
 
     /// The window the proxy currently believes for `model` for requests of `tenant`.
     pub async fn window_for_tenant(&self, model: &str, tenant: &Hash) -> u64 {
-        let (facts, _) = self.model_facts(model).await;
-        self.window_of(model, &facts, Some(tenant_tag(tenant)))
+        let (live, _) = self.model_facts(model).await;
+        self.window_of(model, &live.facts, Some(tenant_tag(tenant)))
     }
 
     /// The correction of our counts for `model` that `facts` support.
@@ -161,8 +215,7 @@ impl Engine {
 
     /// The correction of our counts the proxy currently applies for `model`.
     pub async fn correction_for(&self, model: &str) -> Correction {
-        let (facts, _) = self.model_facts(model).await;
-        self.correction(model, &facts)
+        self.model_facts(model).await.0.correction
     }
 
     /// Shows `model`'s live correction and window in the metrics (for a bounded set of models).
@@ -192,7 +245,7 @@ impl Engine {
             );
             return;
         }
-        let (mut facts, _) = self.model_facts(model).await;
+        let mut facts = self.model_facts(model).await.0.facts.clone();
         if let Some(doubt) = doubt(&overflow, &facts, sent.raw) {
             tracing::info!(
                 reason = doubt,
@@ -251,8 +304,8 @@ impl Engine {
     /// Runs on the response path, so the common case (facts cached, nothing new) does no I/O
     /// and spawns nothing; changed facts are saved in the background.
     pub fn observe_usage(self: &Arc<Self>, model: &str, sent: SentCount, prompt_tokens: u64) {
-        let cached = self.facts.get(model).map(|entry| entry.0);
-        let Some(stored) = cached else {
+        let cached = self.facts.get(model).map(|(entry, _)| entry);
+        let Some(cached) = cached else {
             // Not cached yet (the first response of a model): read through the store first.
             let engine = self.clone();
             let model = model.to_string();
@@ -264,6 +317,7 @@ impl Engine {
             });
             return;
         };
+        let stored = &cached.stored;
         let now = now_ms();
         let ttl = self.facts_ttl();
         let mut facts = stored.clone().current(now, ttl);
@@ -308,11 +362,13 @@ impl Engine {
                 "Raised a learned window: the provider accepted a larger prompt."
             );
         }
-        if !changed && facts == stored {
+        if !changed && facts == *stored {
             return;
         }
-        self.facts
-            .insert(model.to_string(), (facts.clone(), Instant::now()));
+        self.facts.insert(
+            model.to_string(),
+            (self.cache_entry(model, facts.clone()), Instant::now()),
+        );
         let engine = self.clone();
         let model = model.to_string();
         tokio::spawn(async move { engine.save_facts(&model, facts).await });

@@ -68,7 +68,7 @@ use crate::dialect::{Overflow, WireRequest};
 use crate::identity::Hash;
 use crate::measure::{windows::WindowTable, Meter};
 use crate::metrics::Metrics;
-use crate::store::{CheckpointStore, ModelFacts};
+use crate::store::CheckpointStore;
 use crate::tokenizer::Encoding;
 
 use conversation::{covers_all, Conversation, View};
@@ -105,7 +105,7 @@ pub struct Engine {
     dialect_writers: Vec<(&'static str, Arc<dyn Summarizer>)>,
     metrics: Arc<Metrics>,
     /// Learned model facts, read through to the store (bounded: model names are the client's).
-    facts: quick_cache::sync::Cache<String, (ModelFacts, Instant)>,
+    facts: quick_cache::sync::Cache<String, (Arc<learn::CachedFacts>, Instant)>,
     /// Compactions in a row that failed or freed nothing, per conversation, and its backoff.
     unproductive: DashMap<Hash, single_flight::Unproductive>,
     /// Background summaries running, by conversation anchor.
@@ -248,7 +248,7 @@ impl Engine {
     ) -> Result<(Prepared, Identified), Refusal> {
         let measured = self.count(request).await;
         let (facts, facts_degraded) = self.model_facts(request.model()).await;
-        let conversation = self.with_facts(self.identify(context, request, measured), facts);
+        let conversation = self.with_facts(self.identify(context, request, measured), &facts);
         let mut outcome = self.measure(&conversation, facts_degraded);
         if !self.config.enabled || context.mode == Mode::Off || conversation.anchor.is_none() {
             let prepared = Prepared {
@@ -292,7 +292,7 @@ impl Engine {
         let model = conversation.request.model().to_string();
         self.learn_overflow(&model, overflow, sent_raw_tokens).await;
         let (facts, facts_degraded) = self.model_facts(&model).await;
-        let conversation = self.with_facts(conversation, facts);
+        let conversation = self.with_facts(conversation, &facts);
         let outcome = self.measure(&conversation, facts_degraded);
         if conversation.anchor.is_none() {
             return Ok(Prepared {
@@ -350,7 +350,7 @@ impl Engine {
     ) -> Vec<u8> {
         let measured = self.count(request).await;
         let (facts, _) = self.model_facts(request.model()).await;
-        let conversation = self.with_facts(self.identify(context, request, measured), facts);
+        let conversation = self.with_facts(self.identify(context, request, measured), &facts);
         let mut outcome = Outcome::default();
         let checkpoints = self.stored_checkpoints(&conversation, &mut outcome).await;
         let newest = checkpoints.iter().find(|c| !c.ahead_of_time);
@@ -373,7 +373,7 @@ impl Engine {
         };
         let measured = self.count(request).await;
         let (facts, _) = self.model_facts(request.model()).await;
-        let conversation = self.with_facts(self.identify(&context, request, measured), facts);
+        let conversation = self.with_facts(self.identify(&context, request, measured), &facts);
         let mut outcome = Outcome::default();
         let checkpoints = self.stored_checkpoints(&conversation, &mut outcome).await;
         if let Some(whole) = checkpoints.iter().find(|c| covers_all(c, &conversation)) {
