@@ -15,6 +15,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::FutureExt;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
@@ -28,6 +29,7 @@ use crate::compaction::{Engine, Parts};
 use crate::config::{redact_url, Config};
 use crate::dialect::{anthropic::Messages, chat::Chat, responses::Responses, Dialect};
 use crate::http::app::ClientCompaction;
+use crate::http::direct::{self, Direct};
 use crate::http::gateway_keys::GatewayKeys;
 use crate::http::limits::{Activity, ConnectionLimits, HeldOpen, Limits};
 use crate::http::parse_error_bodies::{Answered, ParseErrorBodies};
@@ -179,7 +181,7 @@ pub async fn serve(
     let limits = app.connections.clone();
     let engine = app.engine.clone();
     let telemetry = app.telemetry.clone();
-    let router = router(app);
+    let router = router(app.clone());
     let mut builder = Builder::new(TokioExecutor::new());
     builder
         .http1()
@@ -218,6 +220,7 @@ pub async fn serve(
         let (started_tx, started_rx) = tokio::sync::oneshot::channel::<()>();
         let started = std::sync::Mutex::new(Some(started_tx));
         let router = router.clone();
+        let app = app.clone();
         let answered = Answered::default();
         let activity = Activity::default();
         let io = ParseErrorBodies::new(stream, answered.clone());
@@ -231,7 +234,13 @@ pub async fn serve(
             let open = requests.open();
             let answered = answered.clone();
             let anthropic = request.uri().path().starts_with("/v1/messages");
-            let response = router.clone().oneshot(request.map(axum::body::Body::new));
+            let request = request.map(axum::body::Body::new);
+            let response = match Direct::of(request.method(), request.uri().path()) {
+                Some(route) => direct::serve(app.clone(), route, request)
+                    .map(Ok)
+                    .left_future(),
+                None => router.clone().oneshot(request).right_future(),
+            };
             let abandon = abandon.clone();
             async move {
                 let response = tokio::select! {

@@ -14,6 +14,7 @@
 //!   them (beta flags taken off, `context_management` added to answers);
 //!   [`messages_compaction`]: its on-demand compaction, and the blocks that come back;
 //! - [`passthrough`]: everything else under `/v1/`;
+//! - [`direct`]: the compacting routes reached from the connection without the router;
 //! - [`status`] (health, readiness, metrics) and [`checkpoints`] (the checkpoint API);
 //! - [`conversations`] (each request's row in its conversation's timeline, and the endpoints
 //!   that read them) and [`ui`] (the page that shows them);
@@ -26,6 +27,7 @@ mod checkpoints;
 pub mod client_compaction;
 mod context_edits;
 mod conversations;
+pub mod direct;
 pub mod error;
 mod exchange;
 pub mod gateway_keys;

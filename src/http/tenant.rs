@@ -84,12 +84,27 @@ fn presented_keys(headers: &HeaderMap) -> impl Iterator<Item = &str> {
 /// Middleware: identifies the tenant (refusing unknown gateway keys) and runs the request
 /// inside a span that names it.
 pub async fn identify(State(app): State<Arc<App>>, mut request: Request, next: Next) -> Response {
+    match resolve(&app, &mut request) {
+        Ok((tenant, span)) => {
+            request.extensions_mut().insert(tenant);
+            next.run(request).instrument(span).await
+        }
+        Err(Unknown) => unauthorized(request.uri().path()),
+    }
+}
+
+/// A request that presented no gateway key this gateway accepts.
+pub(super) struct Unknown;
+
+/// The tenant of `request` and the span its handling runs in (none unless a gateway key names
+/// the tenant); [`unauthorized`] answers an [`Unknown`] one.
+pub(super) fn resolve(
+    app: &App,
+    request: &mut Request,
+) -> Result<(Tenant, tracing::Span), Unknown> {
     let tenant = match &app.gateway_keys {
         None => Tenant::from_credentials(request.headers()),
-        Some(keys) => match authenticate(keys, request.headers_mut()) {
-            Some(tenant) => tenant,
-            None => return unauthorized(request.uri().path()),
-        },
+        Some(keys) => authenticate(keys, request.headers_mut()).ok_or(Unknown)?,
     };
     let span = match &tenant.name {
         Some(name) => {
@@ -98,8 +113,7 @@ pub async fn identify(State(app): State<Arc<App>>, mut request: Request, next: N
         }
         None => tracing::Span::none(),
     };
-    request.extensions_mut().insert(tenant);
-    next.run(request).instrument(span).await
+    Ok((tenant, span))
 }
 
 /// The tenant of an accepted gateway key; every credential header is then removed, so the key
@@ -113,7 +127,7 @@ pub fn authenticate(keys: &GatewayKeys, headers: &mut HeaderMap) -> Option<Tenan
 }
 
 /// 401 in the error shape of the client the path belongs to.
-fn unauthorized(path: &str) -> Response {
+pub(super) fn unauthorized(path: &str) -> Response {
     let message = "missing or unknown gateway key: send the key this gateway issued you as \
                    `Authorization: Bearer <key>` (or `x-api-key`)";
     tracing::info!(
