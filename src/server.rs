@@ -236,8 +236,11 @@ pub async fn serve(
             let anthropic = request.uri().path().starts_with("/v1/messages");
             let request = request.map(axum::body::Body::new);
             let response = match Direct::of(request.method(), request.uri().path()) {
+                // Boxed, as the router boxes its handlers: hyper keeps room for the service's
+                // future for as long as the connection lives, and this one is kilobytes.
                 Some(route) => direct::serve(app.clone(), route, request)
                     .map(Ok)
+                    .boxed()
                     .left_future(),
                 None => router.clone().oneshot(request).right_future(),
             };

@@ -321,6 +321,21 @@ impl Engine {
             Applied::Ready(prepared) => return Ok(prepared),
             Applied::OverLimit(view) => view,
         };
+        // Boxed: the state of a clearing or a summary is many times that of the common path,
+        // and every request's future would otherwise be as large (and be moved as a whole).
+        Box::pin(self.compact_over_limit(conversation, view, trigger, outcome)).await
+    }
+
+    /// [`Engine::compact_if_needed`] for a request over the limit even through its newest
+    /// checkpoint: a clearing of old tool results, else a new summary, else a marked fallback.
+    async fn compact_over_limit(
+        self: &Arc<Self>,
+        conversation: &Conversation,
+        view: View<'_>,
+        trigger: Trigger,
+        mut outcome: Outcome,
+    ) -> Result<Prepared, Refusal> {
+        let forced = trigger != Trigger::Threshold;
         self.check_fits_at_all(conversation)?;
         if !forced {
             if let Some(cleared) = self

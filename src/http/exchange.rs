@@ -235,17 +235,22 @@ impl<'a> Exchange<'a> {
             // once, on the conversation already identified.
             self.app.metrics.overflow_retries.inc();
             std::mem::take(&mut call).end();
-            let again = engine
-                .retry_after_overflow(identified, overflow, outcome.sent_raw_tokens)
-                .await
-                .map_err(|e| ApiError::ContextLength(e.to_string()))?;
+            // The retry's state is boxed: it is rare, and every request's future would
+            // otherwise carry room for it.
+            let again = Box::pin(engine.retry_after_overflow(
+                identified,
+                overflow,
+                outcome.sent_raw_tokens,
+            ))
+            .await
+            .map_err(|e| ApiError::ContextLength(e.to_string()))?;
             let summary_before = outcome.summary_time;
             outcome = again.outcome;
             outcome.summary_time += summary_before;
             if let Some(report) = &outcome.summary {
                 spans::summary(&self.span, report);
             }
-            (response, probe, call) = self.send(again.body).await?;
+            (response, probe, call) = Box::pin(self.send(again.body)).await?;
             if let Some(again) = probe.overflow.filter(|o| o.trusted) {
                 // Compaction did not make it fit: say so in the client's own words, which agents
                 // recognise (a provider's own wording, such as llama.cpp's, often is not). An

@@ -19,19 +19,23 @@ impl Exchange<'_> {
     /// compaction, the compaction items Compactor minted are expanded in the parsed request
     /// and, with `answer_trigger`, an input ending in a compaction trigger is answered. A model
     /// name beyond its bound is refused here, before the request is counted or forwarded.
+    ///
+    /// The calls that can write a summary are boxed: their state is many times that of a plain
+    /// parse, and every request's future would otherwise be as large (held for as long as the
+    /// connection and moved whole when it is boxed).
     pub(super) async fn parse(
         &self,
         bytes: Bytes,
         answer_trigger: bool,
     ) -> Result<Parsed, ApiError> {
         if self.target.context_edits {
-            let read = messages_compaction::read(
+            let read = Box::pin(messages_compaction::read(
                 self.app,
                 self.tenant,
                 self.headers,
                 &bytes,
                 answer_trigger,
-            )
+            ))
             .await?;
             return Ok(match read {
                 messages_compaction::Read::Request(request, expanded, at_threshold) => {
@@ -67,9 +71,13 @@ impl Exchange<'_> {
         if request.uses_server_state() {
             // Forwarded as it came, except for the items Compactor minted: those are expanded,
             // never sent to the provider.
-            if client_compaction::expand(self.app, self.tenant, &mut request)
-                .await?
-                .is_some()
+            if Box::pin(client_compaction::expand(
+                self.app,
+                self.tenant,
+                &mut request,
+            ))
+            .await?
+            .is_some()
             {
                 return Ok(Parsed::ServerState(Bytes::from(request.original_body())));
             }
@@ -77,24 +85,30 @@ impl Exchange<'_> {
         }
         check_model_name(request.model())?;
         let last_minted = request.minted_compactions().last().map(|(index, _)| *index);
-        let intercepted = client_compaction::intercept(self.app, self.tenant, request).await?;
+        let intercepted =
+            Box::pin(client_compaction::intercept(self.app, self.tenant, request)).await?;
         Ok(match intercepted {
             Intercepted::Trigger(request) if answer_trigger => Parsed::Answered(
-                client_compaction::answer_trigger(self.app, self.tenant, self.headers, request)
-                    .await?,
+                Box::pin(client_compaction::answer_trigger(
+                    self.app,
+                    self.tenant,
+                    self.headers,
+                    request,
+                ))
+                .await?,
             ),
             Intercepted::Trigger(mut request) => {
                 request.remove_context_management();
                 Parsed::Request(Box::new(request), None, AtThreshold::Under)
             }
             Intercepted::Forward(mut request, expanded) if answer_trigger => {
-                let at_threshold = threshold_compaction::serve(
+                let at_threshold = Box::pin(threshold_compaction::serve(
                     self.app,
                     self.tenant,
                     self.headers,
                     &mut request,
                     last_minted,
-                )
+                ))
                 .await?;
                 Parsed::Request(Box::new(request), expanded, at_threshold)
             }
