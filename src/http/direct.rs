@@ -5,6 +5,7 @@
 //! microseconds of the proxy's own time. Everything else, other methods on these paths
 //! included, still goes through [`router`](super::router).
 
+use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
@@ -16,7 +17,8 @@ use http::Method;
 use tracing::Instrument;
 
 use super::app::App;
-use super::{client_compaction, error, routes, tenant};
+use super::tenant::{self, Tenant};
+use super::{client_compaction, error, routes};
 
 /// A compacting route served directly.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,23 +50,34 @@ impl Direct {
 }
 
 /// Serves `request` on `route`, as the router would.
-pub async fn serve(app: Arc<App>, route: Direct, mut request: Request) -> Response {
+pub async fn serve(app: Arc<App>, route: Direct, request: Request) -> Response {
+    guarded(app, request, move |app, tenant, request| async move {
+        match route {
+            Direct::Chat => routes::chat(app, tenant, request).await,
+            Direct::Messages => routes::messages(app, tenant, request).await,
+            Direct::CountTokens => routes::count_tokens(app, tenant, request).await,
+            Direct::Responses => routes::responses(app, tenant, request).await,
+            Direct::InputTokens => routes::input_tokens(app, tenant, request).await,
+            Direct::Compact => client_compaction::compact(app, tenant, request).await,
+        }
+    })
+    .await
+}
+
+/// Runs `handler` as the router's layers would: with the request's tenant (401 for an unknown
+/// gateway key), inside the span that names it, and answering 500 if it panics.
+async fn guarded<H, F>(app: Arc<App>, mut request: Request, handler: H) -> Response
+where
+    H: FnOnce(State<Arc<App>>, Extension<Tenant>, Request) -> F,
+    F: Future<Output = Response>,
+{
     let handled = AssertUnwindSafe(async move {
         let Ok((tenant, span)) = tenant::resolve(&app, &mut request) else {
             return tenant::unauthorized(request.uri().path());
         };
-        let (app, tenant) = (State(app), Extension(tenant));
-        let handler = async move {
-            match route {
-                Direct::Chat => routes::chat(app, tenant, request).await,
-                Direct::Messages => routes::messages(app, tenant, request).await,
-                Direct::CountTokens => routes::count_tokens(app, tenant, request).await,
-                Direct::Responses => routes::responses(app, tenant, request).await,
-                Direct::InputTokens => routes::input_tokens(app, tenant, request).await,
-                Direct::Compact => client_compaction::compact(app, tenant, request).await,
-            }
-        };
-        handler.instrument(span).await
+        handler(State(app), Extension(tenant), request)
+            .instrument(span)
+            .await
     });
     handled
         .catch_unwind()
@@ -75,6 +88,46 @@ pub async fn serve(app: Arc<App>, route: Direct, mut request: Request) -> Respon
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Config;
+
+    async fn answer(keys: Option<&str>, credential: &str, handler_panics: bool) -> (u16, String) {
+        let mut app = crate::server::build(&Config::default()).await.unwrap();
+        Arc::get_mut(&mut app)
+            .expect("the only handle")
+            .gateway_keys = keys
+            .and_then(|k| super::super::gateway_keys::GatewayKeys::load(None, Some(k)).unwrap());
+        let request = http::Request::post("/v1/messages")
+            .header("x-api-key", credential)
+            .body(axum::body::Body::empty())
+            .unwrap();
+        let response = guarded(app, request, |_, Extension(tenant), _| async move {
+            assert!(!handler_panics, "the handler failed");
+            Response::new(tenant.name.as_deref().unwrap_or("-").to_string().into())
+        })
+        .await;
+        let status = response.status().as_u16();
+        let body = axum::body::to_bytes(response.into_body(), 1 << 16)
+            .await
+            .unwrap();
+        (status, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    #[tokio::test]
+    async fn a_direct_route_resolves_the_tenant_and_answers_a_panic_as_the_router_does() {
+        let keys = format!("alice {}", super::super::gateway_keys::hash_key("sk-alice"));
+        assert_eq!(
+            answer(Some(&keys), "sk-alice", false).await,
+            (200, "alice".into())
+        );
+        // An unknown key: 401 in the shape of the path's client (Anthropic's here).
+        let (status, body) = answer(Some(&keys), "sk-bob", false).await;
+        assert_eq!(status, 401);
+        assert!(body.contains("authentication_error"), "{body}");
+        // A handler that panics: 500 with an error body, not a dropped connection.
+        let (status, body) = answer(None, "k", true).await;
+        assert_eq!(status, 500);
+        assert!(body.contains("internal error"), "{body}");
+    }
 
     #[test]
     fn only_a_post_to_a_compacting_path_skips_the_router() {
