@@ -5,17 +5,18 @@
 //! every request (`benches/results/2026-12-03-floor.md`). Requests go out with the client's
 //! headers minus hop-by-hop ones (and with the configured key in place of the client's
 //! credentials, when there is one); responses come back as a status, headers and a byte stream
-//! that is never buffered. [`summarizer`] sends summary requests.
+//! that is never buffered. [`summarizer`] sends summary requests; [`base`] builds the URIs they
+//! go to.
 
+mod base;
 pub mod summarizer;
 
 use std::pin::Pin;
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures::{Stream, StreamExt, TryStreamExt};
-use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::Frame;
@@ -23,7 +24,8 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
-use url::Url;
+
+use base::Base;
 
 /// A response body as it arrives.
 pub type ByteStream = Pin<Box<dyn Stream<Item = Result<Bytes, std::io::Error>> + Send>>;
@@ -126,11 +128,7 @@ type HttpClient = Client<HttpsConnector<HttpConnector>, UnsyncBoxBody<Bytes, std
 #[derive(Clone)]
 pub struct Upstream {
     client: HttpClient,
-    /// Parsed once: building each request's URL from it is cheaper than parsing a string.
-    base: Url,
-    /// The base as text without its trailing slash, when it has no query or fragment: plain
-    /// paths are joined onto it without the URL library ([`Upstream::uri_for`]).
-    base_text: Option<Arc<str>>,
+    base: Base,
     key: Option<String>,
     key_header: KeyHeader,
     first_byte_timeout: Duration,
@@ -161,11 +159,9 @@ impl Upstream {
             .pool_timer(TokioTimer::new())
             .timer(TokioTimer::new())
             .build(https);
-        let base = parse_base(base)?;
         Ok(Upstream {
             client,
-            base_text: base_text(&base),
-            base,
+            base: Base::parse(base)?,
             key,
             key_header: KeyHeader::Bearer,
             first_byte_timeout,
@@ -174,11 +170,9 @@ impl Upstream {
 
     /// The same client and timeouts, aimed at another base URL and key.
     pub fn with_base(&self, base: &str, key: Option<String>) -> Result<Upstream, UpstreamError> {
-        let base = parse_base(base)?;
         Ok(Upstream {
             client: self.client.clone(),
-            base_text: base_text(&base),
-            base,
+            base: Base::parse(base)?,
             key: key.or_else(|| self.key.clone()),
             key_header: self.key_header,
             first_byte_timeout: self.first_byte_timeout,
@@ -193,11 +187,9 @@ impl Upstream {
         key: Option<String>,
         key_header: KeyHeader,
     ) -> Result<Upstream, UpstreamError> {
-        let base = parse_base(base)?;
         Ok(Upstream {
             client: self.client.clone(),
-            base_text: base_text(&base),
-            base,
+            base: Base::parse(base)?,
             key,
             key_header,
             first_byte_timeout: self.first_byte_timeout,
@@ -206,64 +198,18 @@ impl Upstream {
 
     /// The provider's host, as its base URL names it.
     pub fn host(&self) -> &str {
-        self.base.host_str().unwrap_or("")
+        self.base.host()
     }
 
     /// The provider's port, stated or the scheme's.
     pub fn port(&self) -> Option<u16> {
-        self.base.port_or_known_default()
+        self.base.port()
     }
 
     /// The path `path_and_query` reaches on the provider (its base path joined on), without
     /// the query.
     pub fn path_of(&self, path_and_query: &str) -> String {
-        let path = path_and_query.split('?').next().unwrap_or("");
-        format!("{}{path}", self.base.path().trim_end_matches('/'))
-    }
-
-    /// The request URI of `{base}{path_and_query}`. A path and query made only of letters,
-    /// digits and `/-_~?=&` (every compacting route's) cannot leave the base path and reads
-    /// the same before and after the URL library's normalisation: it is joined as text, which
-    /// costs a fraction of a parse. Anything else goes through [`Upstream::url_for`].
-    fn uri_for(&self, path_and_query: &str) -> Result<Uri, UpstreamError> {
-        let plain = |c: char| c.is_ascii_alphanumeric() || "/-_~?=&".contains(c);
-        if let Some(base) = &self.base_text {
-            if path_and_query.starts_with('/') && path_and_query.chars().all(plain) {
-                if let Ok(uri) = Uri::try_from(format!("{base}{path_and_query}")) {
-                    return Ok(uri);
-                }
-            }
-        }
-        let url = self.url_for(path_and_query)?;
-        Uri::try_from(url.as_str())
-            .map_err(|e| UpstreamError::Refused(format!("not a request URI: {e}")))
-    }
-
-    /// `{base}{path_and_query}`, e.g. `https://api.openai.com/v1` + `/models?x=1`; refused when
-    /// the URL library's resolution of dot segments would take it out of the base path.
-    fn url_for(&self, path_and_query: &str) -> Result<Url, UpstreamError> {
-        let mut url = self.base.clone();
-        let (path, query) = match path_and_query.split_once('?') {
-            Some((p, q)) => (p, Some(q)),
-            None => (path_and_query, None),
-        };
-        url.set_path(&format!(
-            "{}{}",
-            self.base.path().trim_end_matches('/'),
-            path
-        ));
-        url.set_query(query);
-        let base = self.base.path().trim_end_matches('/');
-        let inside = url
-            .path()
-            .strip_prefix(base)
-            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'));
-        if !inside {
-            return Err(UpstreamError::Refused(
-                "the path leaves the upstream's base path".into(),
-            ));
-        }
-        Ok(url)
+        self.base.path_of(path_and_query)
     }
 
     /// Sends a request to `{base}{path_and_query}` and returns once the response head arrives.
@@ -274,7 +220,7 @@ impl Upstream {
         mut headers: HeaderMap,
         body: RequestBody,
     ) -> Result<UpstreamResponse, UpstreamError> {
-        let uri = self.uri_for(path_and_query)?;
+        let uri = self.base.uri_for(path_and_query)?;
         strip_hop_by_hop(&mut headers);
         // The client sets `Host` from the URI.
         headers.remove(http::header::HOST);
@@ -329,24 +275,6 @@ impl Upstream {
             body: Box::pin(body),
         })
     }
-}
-
-/// Parses a base URL, without its trailing slash (paths are appended to it).
-fn parse_base(base: &str) -> Result<Url, UpstreamError> {
-    let mut url = Url::parse(base)
-        .map_err(|e| UpstreamError::Unreachable(format!("invalid upstream URL: {e}")))?;
-    let trimmed = url.path().trim_end_matches('/').to_string();
-    url.set_path(&trimmed);
-    Ok(url)
-}
-
-/// `base` as text without a trailing slash, unless a query or fragment makes joining a path
-/// onto the text wrong.
-fn base_text(base: &Url) -> Option<Arc<str>> {
-    if base.query().is_some() || base.fragment().is_some() {
-        return None;
-    }
-    Some(base.as_str().trim_end_matches('/').into())
 }
 
 /// Whether the connection attempt or the exchange ran out of time (the connect timeout).
@@ -406,91 +334,6 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn url(base: &str, path: &str) -> String {
-        Upstream::new(base, None, Duration::from_secs(1), Duration::from_secs(1))
-            .unwrap()
-            .uri_for(path)
-            .map(|u| u.to_string())
-            .unwrap_or_else(|e| e.to_string())
-    }
-
-    #[test]
-    fn a_path_joined_as_text_is_the_one_the_url_library_makes() {
-        let paths = [
-            "/chat/completions",
-            "/v1/messages?beta=true",
-            "/v1/messages/count_tokens",
-            "/responses/input_tokens",
-            "/models?limit=2&after=x-1",
-        ];
-        let bases = [
-            "https://api.openai.com/v1",
-            "https://api.anthropic.com/",
-            "http://127.0.0.1:8080",
-            "http://user@h:1/openai/deployments/x/",
-        ];
-        for base in bases {
-            let upstream =
-                Upstream::new(base, None, Duration::from_secs(1), Duration::from_secs(1)).unwrap();
-            assert!(upstream.base_text.is_some(), "{base}");
-            for path in paths {
-                let library = upstream.url_for(path).unwrap();
-                assert_eq!(
-                    upstream.uri_for(path).unwrap().to_string(),
-                    library.as_str(),
-                    "{base} {path}"
-                );
-            }
-        }
-        // A base with a query is never joined as text: the request's query replaces it.
-        let azure = Upstream::new(
-            "https://h/openai?api-version=1",
-            None,
-            Duration::from_secs(1),
-            Duration::from_secs(1),
-        )
-        .unwrap();
-        assert!(azure.base_text.is_none());
-        assert_eq!(
-            azure.uri_for("/chat/completions").unwrap().to_string(),
-            "https://h/openai/chat/completions"
-        );
-    }
-
-    #[test]
-    fn paths_are_appended_to_the_base() {
-        assert_eq!(
-            url("https://api.openai.com/v1", "/chat/completions"),
-            "https://api.openai.com/v1/chat/completions"
-        );
-        assert_eq!(
-            url("https://api.openai.com/v1/", "/models?limit=2"),
-            "https://api.openai.com/v1/models?limit=2"
-        );
-        assert_eq!(
-            url("http://127.0.0.1:8080", "/embeddings"),
-            "http://127.0.0.1:8080/embeddings"
-        );
-        assert_eq!(
-            url(
-                "http://h/openai/deployments/x",
-                "/chat/completions?api-version=1"
-            ),
-            "http://h/openai/deployments/x/chat/completions?api-version=1"
-        );
-    }
-
-    #[test]
-    fn urls_outside_the_base_path_are_refused() {
-        for path in ["/../x", "/%2e%2e/x", "/a/../../x"] {
-            assert!(
-                url("http://h/v1/deployments/mine", path).starts_with("request refused"),
-                "{path}"
-            );
-        }
-        assert_eq!(url("http://h/v1", "/a/../models"), "http://h/v1/models");
-    }
 
     #[test]
     fn hop_by_hop_headers_are_removed() {
