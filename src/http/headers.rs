@@ -113,24 +113,9 @@ pub(super) fn forwarded_headers(headers: &HeaderMap) -> HeaderMap {
 }
 
 /// Sets a header the proxy writes; a value that is not a valid header value is left out.
-pub(super) fn set(headers: &mut HeaderMap, name: impl Into<Name>, value: impl ToString) {
+pub(super) fn set(headers: &mut HeaderMap, name: &'static str, value: impl ToString) {
     if let Ok(v) = HeaderValue::from_str(&value.to_string()) {
-        headers.insert(name.into().0, v);
-    }
-}
-
-/// A header name the proxy writes: a constant, or a static string checked where it is used.
-pub(super) struct Name(HeaderName);
-
-impl From<HeaderName> for Name {
-    fn from(name: HeaderName) -> Name {
-        Name(name)
-    }
-}
-
-impl From<&'static str> for Name {
-    fn from(name: &'static str) -> Name {
-        Name(HeaderName::from_static(name))
+        headers.insert(HeaderName::from_static(name), v);
     }
 }
 
@@ -143,11 +128,10 @@ pub(super) fn outcome_headers(
 ) {
     headers.insert(PROMPT_TOKENS, outcome.prompt_tokens.into());
     headers.insert(CONTEXT_WINDOW, outcome.window.into());
-    set(
-        headers,
-        OVERHEAD_MS,
-        format!("{:.3}", overhead.as_secs_f64() * 1000.0),
-    );
+    let overhead_ms = format!("{:.3}", overhead.as_secs_f64() * 1000.0);
+    if let Ok(value) = HeaderValue::from_str(&overhead_ms) {
+        headers.insert(OVERHEAD_MS, value);
+    }
     headers.insert(
         COMPACTED,
         HeaderValue::from_static(if outcome.compacted { "true" } else { "false" }),
