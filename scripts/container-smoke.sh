@@ -259,8 +259,19 @@ fi
 trap 'compose "${gateway[@]}" logs --no-color >"$logs/gateway.log" 2>&1 || true; cleanup' EXIT
 in_net() { compose "${gateway[@]}" exec -T upstream python /smoke/gateway_check.py "$@"; }
 
-# nginx_get PATH: the status code and body of a GET through nginx.
-nginx_get() { curl -sS -m 10 -o "$logs/body" -w '%{http_code}' -H 'authorization: Bearer smoke-tenant' "$gw$1"; }
+# nginx_get PATH [SECONDS]: the status code and body of a GET through nginx ("000" if none came
+# within SECONDS, default 10); the time it took is left in $logs/took.
+nginx_get() {
+  curl -sS -m "${2:-10}" -o "$logs/body" -w '%{http_code}%{stderr}\n%{time_total}\n' \
+    -H 'authorization: Bearer smoke-tenant' "$gw$1" 2>"$logs/took" || true
+}
+# explain WHAT: what the gateway was doing when WHAT failed or was slow, for the CI log: the
+# replicas' and nginx's last lines, and how long names take to resolve inside the network.
+explain() {
+  printf -- '--- %s; the gateway'"'"'s last log lines:\n' "$1" >&2
+  compose "${gateway[@]}" logs --no-color --tail 12 compactor-1 compactor-2 nginx >&2 2>&1 || true
+  in_net resolve >&2 || true
+}
 for _ in $(seq 60); do
   [ "$(nginx_get /readyz 2>/dev/null)" = 200 ] && break
   sleep 0.5
@@ -272,8 +283,18 @@ in_net readyz ready
 
 before=$(in_net requests)
 for i in 1 2 3 4 5 6; do
-  code=$(nginx_get /v1/models)
-  { [ "$code" = 200 ] && grep -q stub-model "$logs/body"; } || fail "GET /v1/models #$i through nginx: $code $(cat "$logs/body")"
+  # A replica's first pass-through also resolves and connects to the provider.
+  code=$(nginx_get /v1/models 30)
+  took=$(grep -E '^[0-9.]+$' "$logs/took" | tail -n 1)
+  if ! { [ "$code" = 200 ] && grep -q stub-model "$logs/body"; }; then
+    explain "GET /v1/models #$i through nginx: $code after ${took}s"
+    fail "GET /v1/models #$i through nginx: $code after ${took}s: $(cat "$logs/body")"
+  fi
+  # Answered, but slowly: said, with what the gateway was doing, so that a slow start shows.
+  if awk -v t="$took" 'BEGIN { exit !(t > 2) }'; then
+    printf 'slow: GET /v1/models #%d through nginx took %s s\n' "$i" "$took"
+    explain "GET /v1/models #$i took ${took}s"
+  fi
 done
 after=$(in_net requests)
 for replica in compactor-1 compactor-2; do
@@ -289,7 +310,7 @@ chat_body='{"model":"stub-model","messages":[{"role":"user","content":"hello"}]}
 # nginx_chat: status and x-compactor-store header of a chat request through nginx.
 nginx_chat() {
   curl -sS -m 30 -o /dev/null -D "$logs/headers" -w '%{http_code}' -H 'authorization: Bearer smoke-tenant' \
-    -H 'content-type: application/json' -d "$chat_body" "$gw/v1/chat/completions"
+    -H 'content-type: application/json' -d "$chat_body" "$gw/v1/chat/completions" || true
 }
 store_header() { awk -F': *' 'tolower($1) == "x-compactor-store" { gsub(/\r/, "", $2); print $2 }' "$logs/headers"; }
 

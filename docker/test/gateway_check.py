@@ -4,6 +4,7 @@ compose network, where each replica can be asked by name:
   gateway_check.py checkpoint       a checkpoint made on one replica is used by the other
   gateway_check.py requests         how many passed-through requests each replica answered
   gateway_check.py readyz STATUS    wait (up to 30 s) until both replicas report STATUS on /readyz
+  gateway_check.py resolve          how long each service's name takes to resolve
 
 `checkpoint`: the first request goes to compactor-1 with a conversation past the window the override sets for
 the stub model, so it is compacted and a checkpoint is stored; the same conversation one turn
@@ -12,6 +13,7 @@ and serve it to the same tenant from its checkpoint endpoint. Exits non-zero on 
 """
 
 import json
+import socket
 import sys
 import time
 import urllib.error
@@ -84,6 +86,17 @@ def requests():
         print(name, int(total))
 
 
+def resolve():
+    """How long each service's name takes to resolve here (for a failure's explanation)."""
+    for name in ("upstream", "redis", "nginx") + REPLICAS:
+        started = time.monotonic()
+        try:
+            found = sorted({info[4][0] for info in socket.getaddrinfo(name, 80)})
+        except OSError as err:
+            found = f"unresolved ({err})"
+        print(f"resolve {name}: {time.monotonic() - started:.3f} s {found}")
+
+
 def readyz(expected):
     deadline = time.monotonic() + 30
     while True:
@@ -110,7 +123,9 @@ if __name__ == "__main__":
         checkpoint()
     elif command == ["requests"]:
         requests()
+    elif command == ["resolve"]:
+        resolve()
     elif command == ["readyz"] and len(sys.argv) == 3:
         readyz(sys.argv[2])
     else:
-        sys.exit("usage: gateway_check.py checkpoint | requests | readyz STATUS")
+        sys.exit("usage: gateway_check.py checkpoint | requests | resolve | readyz STATUS")
