@@ -32,27 +32,44 @@ pub enum Direct {
 }
 
 impl Direct {
+    /// Every compacting route: the router registers these, and only these are served directly.
+    pub const ALL: [Direct; 6] = [
+        Direct::Chat,
+        Direct::Messages,
+        Direct::CountTokens,
+        Direct::Responses,
+        Direct::InputTokens,
+        Direct::Compact,
+    ];
+
+    /// The route's path.
+    pub fn path(self) -> &'static str {
+        match self {
+            Direct::Chat => "/v1/chat/completions",
+            Direct::Messages => "/v1/messages",
+            Direct::CountTokens => "/v1/messages/count_tokens",
+            Direct::Responses => "/v1/responses",
+            Direct::InputTokens => "/v1/responses/input_tokens",
+            Direct::Compact => "/v1/responses/compact",
+        }
+    }
+
     /// The compacting route a request is for, when it is a POST to one of their paths.
     pub fn of(method: &Method, path: &str) -> Option<Direct> {
         if method != Method::POST {
             return None;
         }
-        Some(match path {
-            "/v1/chat/completions" => Direct::Chat,
-            "/v1/messages" => Direct::Messages,
-            "/v1/messages/count_tokens" => Direct::CountTokens,
-            "/v1/responses" => Direct::Responses,
-            "/v1/responses/input_tokens" => Direct::InputTokens,
-            "/v1/responses/compact" => Direct::Compact,
-            _ => return None,
-        })
+        Direct::ALL.into_iter().find(|route| route.path() == path)
     }
-}
 
-/// Serves `request` on `route`, as the router would.
-pub async fn serve(app: Arc<App>, route: Direct, request: Request) -> Response {
-    guarded(app, request, move |app, tenant, request| async move {
-        match route {
+    /// The route's handler, once the tenant is known (the router's layers, or [`serve`]).
+    pub async fn handle(
+        self,
+        app: State<Arc<App>>,
+        tenant: Extension<Tenant>,
+        request: Request,
+    ) -> Response {
+        match self {
             Direct::Chat => routes::chat(app, tenant, request).await,
             Direct::Messages => routes::messages(app, tenant, request).await,
             Direct::CountTokens => routes::count_tokens(app, tenant, request).await,
@@ -60,6 +77,13 @@ pub async fn serve(app: Arc<App>, route: Direct, request: Request) -> Response {
             Direct::InputTokens => routes::input_tokens(app, tenant, request).await,
             Direct::Compact => client_compaction::compact(app, tenant, request).await,
         }
+    }
+}
+
+/// Serves `request` on `route`, as the router would.
+pub async fn serve(app: Arc<App>, route: Direct, request: Request) -> Response {
+    guarded(app, request, move |app, tenant, request| {
+        route.handle(app, tenant, request)
     })
     .await
 }
@@ -129,8 +153,53 @@ mod tests {
         assert!(body.contains("internal error"), "{body}");
     }
 
+    /// The router serves the same table: a POST reaches the compacting handler (a body that is
+    /// not JSON answered 400 in the path's client's shape), any other method is passed through
+    /// (to an upstream that refuses connections here: 502, not 405).
+    #[tokio::test]
+    async fn the_router_serves_every_compacting_route_and_passes_other_methods_through() {
+        use tower::ServiceExt;
+        let config = Config {
+            upstream: "http://127.0.0.1:9/v1".into(),
+            anthropic_upstream: "http://127.0.0.1:9".into(),
+            ..Config::default()
+        };
+        let app = crate::server::build(&config).await.unwrap();
+        let router = super::super::router(app);
+        for route in Direct::ALL {
+            let send = |method: Method, body: &'static str| {
+                let request = http::Request::builder()
+                    .method(method)
+                    .uri(route.path())
+                    .header("authorization", "Bearer k")
+                    .header("content-type", "application/json")
+                    .body(axum::body::Body::from(body))
+                    .unwrap();
+                router.clone().oneshot(request)
+            };
+            let refused = send(Method::POST, "not json").await.unwrap();
+            assert_eq!(refused.status(), 400, "POST {}", route.path());
+            let body = axum::body::to_bytes(refused.into_body(), 1 << 16)
+                .await
+                .unwrap();
+            let body = String::from_utf8_lossy(&body);
+            let anthropic = route.path().starts_with("/v1/messages");
+            assert_eq!(
+                body.contains("invalid_request_error") && body.contains("\"type\":\"error\""),
+                anthropic,
+                "{}: {body}",
+                route.path()
+            );
+            let passed = send(Method::GET, "").await.unwrap();
+            assert_eq!(passed.status(), 502, "GET {}", route.path());
+        }
+    }
+
     #[test]
     fn only_a_post_to_a_compacting_path_skips_the_router() {
+        for route in Direct::ALL {
+            assert_eq!(Direct::of(&Method::POST, route.path()), Some(route));
+        }
         assert_eq!(
             Direct::of(&Method::POST, "/v1/chat/completions"),
             Some(Direct::Chat)

@@ -61,25 +61,14 @@ pub use error::ApiError;
 /// The router with every route and the panic guard.
 pub fn router(app: Arc<App>) -> Router {
     let fallback = passthrough::passthrough;
-    let provider_routes = Router::new()
-        .route(
-            "/v1/chat/completions",
-            post(routes::chat).fallback(fallback),
-        )
-        .route("/v1/messages", post(routes::messages).fallback(fallback))
-        .route(
-            "/v1/messages/count_tokens",
-            post(routes::count_tokens).fallback(fallback),
-        )
-        .route("/v1/responses", post(routes::responses).fallback(fallback))
-        .route(
-            "/v1/responses/input_tokens",
-            post(routes::input_tokens).fallback(fallback),
-        )
-        .route(
-            "/v1/responses/compact",
-            post(client_compaction::compact).fallback(fallback),
-        )
+    // The compacting routes (a POST; any other method is passed through), from the table the
+    // connection also serves them from without the router.
+    let provider_routes = direct::Direct::ALL
+        .into_iter()
+        .fold(Router::new(), |routes, route| {
+            let handler = move |app, tenant, request| route.handle(app, tenant, request);
+            routes.route(route.path(), post(handler).fallback(fallback))
+        })
         .route("/v1/messages/{*rest}", any(fallback))
         .route("/v1/{*rest}", any(fallback))
         .route_layer(axum::middleware::from_fn_with_state(
