@@ -118,6 +118,17 @@ async fn non_streaming_completion_is_byte_identical() {
     assert_eq!(chats[0].headers["authorization"], "Bearer sk-test");
 }
 
+/// An upstream named by host name, not address: its name goes through the bounded lookup.
+#[tokio::test]
+async fn an_upstream_named_by_host_name_is_resolved_and_reached() {
+    let mock = start_mock().await;
+    let upstream = format!("http://localhost:{}/v1", mock.addr.port());
+    let proxy = start_proxy(config(&upstream)).await;
+    let reply = common::post_chat(&proxy, "sk-test", &hello("gpt-4o")).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(mock.chats().len(), 1);
+}
+
 #[tokio::test]
 async fn streaming_completion_is_byte_identical_without_the_added_usage_chunk() {
     let mock = start_mock().await;

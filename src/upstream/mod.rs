@@ -6,9 +6,10 @@
 //! headers minus hop-by-hop ones (and with the configured key in place of the client's
 //! credentials, when there is one); responses come back as a status, headers and a byte stream
 //! that is never buffered. [`summarizer`] sends summary requests; [`base`] builds the URIs they
-//! go to.
+//! go to; [`resolve`] bounds the name lookup before a connection as the connection is bounded.
 
 mod base;
+mod resolve;
 pub mod summarizer;
 
 use std::pin::Pin;
@@ -21,6 +22,7 @@ use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::Frame;
 use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::dns::GaiResolver;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
@@ -122,7 +124,8 @@ pub struct RequestBody {
     whole: bool,
 }
 
-type HttpClient = Client<HttpsConnector<HttpConnector>, UnsyncBoxBody<Bytes, std::io::Error>>;
+type Connector = HttpsConnector<HttpConnector<resolve::Bounded<GaiResolver>>>;
+type HttpClient = Client<Connector, UnsyncBoxBody<Bytes, std::io::Error>>;
 
 /// The configured way to reach one provider.
 #[derive(Clone)]
@@ -141,7 +144,8 @@ impl Upstream {
         connect_timeout: Duration,
         first_byte_timeout: Duration,
     ) -> Result<Upstream, UpstreamError> {
-        let mut http = HttpConnector::new();
+        let resolver = resolve::Bounded::new(GaiResolver::new(), connect_timeout);
+        let mut http = HttpConnector::new_with_resolver(resolver);
         http.set_connect_timeout(Some(connect_timeout));
         http.set_nodelay(true);
         http.enforce_http(false);
