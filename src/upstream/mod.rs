@@ -144,7 +144,8 @@ impl Upstream {
         connect_timeout: Duration,
         first_byte_timeout: Duration,
     ) -> Result<Upstream, UpstreamError> {
-        let resolver = resolve::Bounded::new(GaiResolver::new(), connect_timeout);
+        let resolver =
+            resolve::Bounded::new(GaiResolver::new(), connect_timeout, resolve::HEDGE_AFTER);
         let mut http = HttpConnector::new_with_resolver(resolver);
         http.set_connect_timeout(Some(connect_timeout));
         http.set_nodelay(true);

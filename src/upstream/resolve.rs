@@ -1,4 +1,5 @@
-//! Name resolution for the upstream client, bounded like the connection it precedes.
+//! Name resolution for the upstream client: bounded like the connection it precedes, and asked
+//! again when an answer is late.
 //!
 //! The client's connect timeout bounds the TCP connection only. The lookup before it runs the
 //! system resolver on a blocking thread, with no bound of its own: a DNS server that never
@@ -6,6 +7,13 @@
 //! holds the request for as long as the system's timeouts and retries take, ten seconds and
 //! more, and the answer then does not say why. Here the lookup gets the connect timeout too,
 //! and running out of it fails the request as a timed-out connection that names the lookup.
+//!
+//! DNS runs over UDP, and a query or its answer can be lost (a container network's DNS server
+//! drops what arrives while it reloads, for one). The system resolver waits five seconds by
+//! default before it asks again, and with a second server that does not answer, five more. A
+//! lookup not answered within [`HEDGE_AFTER`] is therefore started a second time beside the
+//! first, as nginx's own resolver re-sends a query each second, and the first answer of the two
+//! is taken.
 
 use std::future::Future;
 use std::io;
@@ -14,18 +22,27 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use hyper_util::client::legacy::connect::dns::Name;
-use tower::Service;
+use tower::{Service, ServiceExt};
 
-/// A resolver whose lookups fail with [`io::ErrorKind::TimedOut`] after `bound`.
+/// How long a lookup may go unanswered before a second one is started beside it.
+pub const HEDGE_AFTER: Duration = Duration::from_secs(1);
+
+/// A resolver whose lookups are asked again after `hedge_after` and fail with
+/// [`io::ErrorKind::TimedOut`] after `bound`.
 #[derive(Clone)]
 pub struct Bounded<R> {
     inner: R,
     bound: Duration,
+    hedge_after: Duration,
 }
 
 impl<R> Bounded<R> {
-    pub fn new(inner: R, bound: Duration) -> Bounded<R> {
-        Bounded { inner, bound }
+    pub fn new(inner: R, bound: Duration, hedge_after: Duration) -> Bounded<R> {
+        Bounded {
+            inner,
+            bound,
+            hedge_after,
+        }
     }
 }
 
@@ -33,7 +50,7 @@ type Lookup<A> = Pin<Box<dyn Future<Output = Result<A, io::Error>> + Send>>;
 
 impl<R> Service<Name> for Bounded<R>
 where
-    R: Service<Name>,
+    R: Service<Name> + Clone + Send + 'static,
     R::Future: Send + 'static,
     R::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
@@ -46,18 +63,55 @@ where
     }
 
     fn call(&mut self, name: Name) -> Self::Future {
-        let lookup = self.inner.call(name);
-        let bound = self.bound;
+        let first = self.inner.call(name.clone());
+        let again = self.inner.clone();
+        let (bound, hedge_after) = (self.bound, self.hedge_after);
         Box::pin(async move {
+            let lookup = hedged(first, again, name, hedge_after);
             match tokio::time::timeout(bound, lookup).await {
-                Ok(found) => found.map_err(io::Error::other),
-                // The blocking lookup goes on by itself and its answer is dropped.
+                Ok(found) => found,
+                // The blocking lookups go on by themselves and their answers are dropped.
                 Err(_) => Err(io::Error::new(
                     io::ErrorKind::TimedOut,
                     format!("name resolution took longer than {} ms", bound.as_millis()),
                 )),
             }
         })
+    }
+}
+
+/// The answer of `first`, or, if it has none after `hedge_after`, the first answer of it and a
+/// second lookup of `name` (a failure counts only once both have failed).
+async fn hedged<R>(
+    first: R::Future,
+    again: R,
+    name: Name,
+    hedge_after: Duration,
+) -> Result<R::Response, io::Error>
+where
+    R: Service<Name> + Send + 'static,
+    R::Future: Send + 'static,
+    R::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let mut first = Box::pin(first);
+    if let Ok(found) = tokio::time::timeout(hedge_after, &mut first).await {
+        return found.map_err(io::Error::other);
+    }
+    tracing::warn!(
+        host = name.as_str(),
+        after_ms = hedge_after.as_millis() as u64,
+        "upstream host name not resolved yet; looking it up again"
+    );
+    let mut again = again;
+    let ready = again.ready().await.is_ok();
+    if !ready {
+        // No second lookup to be had: the first may still answer.
+        return first.await.map_err(io::Error::other);
+    }
+    let second = Box::pin(again.call(name));
+    match futures::future::select_ok([first, second]).await {
+        Ok((found, _)) => Ok(found),
+        Err(err) => Err(io::Error::other(err)),
     }
 }
 
@@ -88,7 +142,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_lookup_that_never_answers_times_out_at_the_bound() {
-        let mut resolver = Bounded::new(Silent, Duration::from_secs(3));
+        let mut resolver = Bounded::new(Silent, Duration::from_secs(3), HEDGE_AFTER);
         let started = tokio::time::Instant::now();
         let err = resolver
             .call(Name::from_str("provider.internal").unwrap())
@@ -104,8 +158,11 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_silent_resolver_fails_the_request_as_a_timed_out_connection() {
         use hyper_util::client::legacy::{connect::HttpConnector, Client};
-        let connector =
-            HttpConnector::new_with_resolver(Bounded::new(Silent, Duration::from_secs(2)));
+        let connector = HttpConnector::new_with_resolver(Bounded::new(
+            Silent,
+            Duration::from_secs(2),
+            HEDGE_AFTER,
+        ));
         let client: Client<_, http_body_util::Empty<bytes::Bytes>> =
             Client::builder(hyper_util::rt::TokioExecutor::new()).build(connector);
         let err = client
@@ -122,9 +179,112 @@ mod tests {
         );
     }
 
+    /// A resolver whose first lookup is lost (never answered) and whose later ones answer, or
+    /// fail if `fail_later`; it counts its lookups.
+    #[derive(Clone)]
+    struct LosesFirst {
+        calls: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+        fail_later: bool,
+    }
+
+    impl LosesFirst {
+        fn new(fail_later: bool) -> LosesFirst {
+            LosesFirst {
+                calls: Default::default(),
+                fail_later,
+            }
+        }
+
+        fn calls(&self) -> usize {
+            self.calls.load(std::sync::atomic::Ordering::SeqCst)
+        }
+    }
+
+    impl Service<Name> for LosesFirst {
+        type Response = std::vec::IntoIter<SocketAddr>;
+        type Error = io::Error;
+        type Future = futures::future::BoxFuture<'static, Result<Self::Response, io::Error>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), io::Error>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, _: Name) -> Self::Future {
+            let nth = self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let fail = self.fail_later;
+            Box::pin(async move {
+                if nth == 0 {
+                    futures::future::pending::<()>().await;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                if fail {
+                    return Err(io::Error::other("no such host"));
+                }
+                Ok(vec![SocketAddr::from(([10, 89, 0, 7], 0))].into_iter())
+            })
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lost_lookup_is_asked_again_and_the_second_answer_taken() {
+        let lossy = LosesFirst::new(false);
+        let mut resolver = Bounded::new(
+            lossy.clone(),
+            Duration::from_secs(10),
+            Duration::from_millis(500),
+        );
+        let started = tokio::time::Instant::now();
+        let found: Vec<SocketAddr> = resolver
+            .call(Name::from_str("upstream").unwrap())
+            .await
+            .unwrap()
+            .collect();
+        assert_eq!(found, vec![SocketAddr::from(([10, 89, 0, 7], 0))]);
+        assert_eq!(started.elapsed(), Duration::from_millis(520));
+        assert_eq!(lossy.calls(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_prompt_answer_is_not_asked_for_twice() {
+        let lossy = LosesFirst::new(false);
+        // Its first lookup already made, the next one answers in 20 ms.
+        lossy.calls.store(1, std::sync::atomic::Ordering::SeqCst);
+        let mut resolver = Bounded::new(
+            lossy.clone(),
+            Duration::from_secs(10),
+            Duration::from_millis(500),
+        );
+        resolver
+            .call(Name::from_str("upstream").unwrap())
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(lossy.calls(), 2, "one lookup only");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_second_lookup_that_fails_while_the_first_is_lost_waits_for_the_bound() {
+        // The failure of one lookup is not the answer while the other may still come: here the
+        // first never does, so the bound ends it.
+        let lossy = LosesFirst::new(true);
+        let mut resolver = Bounded::new(
+            lossy.clone(),
+            Duration::from_secs(3),
+            Duration::from_millis(500),
+        );
+        let started = tokio::time::Instant::now();
+        let err = resolver
+            .call(Name::from_str("upstream").unwrap())
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut, "{err}");
+        assert_eq!(started.elapsed(), Duration::from_secs(3));
+        assert_eq!(lossy.calls(), 2);
+    }
+
     #[tokio::test]
     async fn a_lookup_that_answers_in_time_is_passed_on() {
-        let mut resolver = Bounded::new(GaiResolver::new(), Duration::from_secs(10));
+        let mut resolver = Bounded::new(GaiResolver::new(), Duration::from_secs(10), HEDGE_AFTER);
         let found: Vec<SocketAddr> = resolver
             .call(Name::from_str("localhost").unwrap())
             .await
