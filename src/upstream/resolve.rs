@@ -13,7 +13,8 @@
 //! default before it asks again, and with a second server that does not answer, five more. A
 //! lookup not answered within [`HEDGE_AFTER`] is therefore started a second time beside the
 //! first, as nginx's own resolver re-sends a query each second, and the first answer of the two
-//! is taken.
+//! is taken. An answer of "no such name" that comes before then is asked for once more: while it
+//! reloads, such a server can also send that for a name it holds.
 
 use std::future::Future;
 use std::io;
@@ -80,11 +81,12 @@ where
     }
 }
 
-/// The answer of `first`, or, if it has none after `hedge_after`, the first answer of it and a
-/// second lookup of `name` (a failure counts only once both have failed).
+/// The answer of `first`; if it has none after `hedge_after`, the first answer of it and a
+/// second lookup of `name` (a failure counts only once both have failed); if it fails sooner,
+/// the answer of a second lookup.
 async fn hedged<R>(
     first: R::Future,
-    again: R,
+    mut again: R,
     name: Name,
     hedge_after: Duration,
 ) -> Result<R::Response, io::Error>
@@ -94,24 +96,41 @@ where
     R::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let mut first = Box::pin(first);
-    if let Ok(found) = tokio::time::timeout(hedge_after, &mut first).await {
-        return found.map_err(io::Error::other);
-    }
-    tracing::warn!(
-        host = name.as_str(),
-        after_ms = hedge_after.as_millis() as u64,
-        "upstream host name not resolved yet; looking it up again"
-    );
-    let mut again = again;
+    let failed_fast = match tokio::time::timeout(hedge_after, &mut first).await {
+        Ok(Ok(found)) => return Ok(found),
+        Ok(Err(err)) => Some(io::Error::other(err)),
+        Err(_) => None,
+    };
     let ready = again.ready().await.is_ok();
-    if !ready {
-        // No second lookup to be had: the first may still answer.
-        return first.await.map_err(io::Error::other);
-    }
-    let second = Box::pin(again.call(name));
-    match futures::future::select_ok([first, second]).await {
-        Ok((found, _)) => Ok(found),
-        Err(err) => Err(io::Error::other(err)),
+    match failed_fast {
+        // A container network's DNS server can also answer "no such name" for one that exists
+        // while it reloads; a name that truly does not exist costs one more lookup.
+        Some(err) => {
+            if !ready {
+                return Err(err);
+            }
+            tracing::warn!(
+                host = name.as_str(),
+                "upstream host name not found; looking it up again"
+            );
+            again.call(name).await.map_err(io::Error::other)
+        }
+        None => {
+            if !ready {
+                // No second lookup to be had: the first may still answer.
+                return first.await.map_err(io::Error::other);
+            }
+            tracing::warn!(
+                host = name.as_str(),
+                after_ms = hedge_after.as_millis() as u64,
+                "upstream host name not resolved yet; looking it up again"
+            );
+            let second = Box::pin(again.call(name));
+            match futures::future::select_ok([first, second]).await {
+                Ok((found, _)) => Ok(found),
+                Err(err) => Err(io::Error::other(err)),
+            }
+        }
     }
 }
 
@@ -179,11 +198,12 @@ mod tests {
         );
     }
 
-    /// A resolver whose first lookup is lost (never answered) and whose later ones answer, or
-    /// fail if `fail_later`; it counts its lookups.
+    /// A resolver whose first lookup is lost (never answered), or fails at once if
+    /// `first_fails`, and whose later ones answer, or fail if `fail_later`; it counts its lookups.
     #[derive(Clone)]
     struct LosesFirst {
         calls: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+        first_fails: bool,
         fail_later: bool,
     }
 
@@ -191,6 +211,7 @@ mod tests {
         fn new(fail_later: bool) -> LosesFirst {
             LosesFirst {
                 calls: Default::default(),
+                first_fails: false,
                 fail_later,
             }
         }
@@ -211,9 +232,10 @@ mod tests {
 
         fn call(&mut self, _: Name) -> Self::Future {
             let nth = self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            let fail = self.fail_later;
+            let fail = self.fail_later || (nth == 0 && self.first_fails);
+            let lost = nth == 0 && !self.first_fails;
             Box::pin(async move {
-                if nth == 0 {
+                if lost {
                     futures::future::pending::<()>().await;
                 }
                 tokio::time::sleep(Duration::from_millis(20)).await;
@@ -280,6 +302,45 @@ mod tests {
         assert_eq!(err.kind(), io::ErrorKind::TimedOut, "{err}");
         assert_eq!(started.elapsed(), Duration::from_secs(3));
         assert_eq!(lossy.calls(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_name_not_found_is_asked_for_once_more() {
+        let wrong_once = LosesFirst {
+            first_fails: true,
+            ..LosesFirst::new(false)
+        };
+        let mut resolver = Bounded::new(
+            wrong_once.clone(),
+            Duration::from_secs(10),
+            Duration::from_millis(500),
+        );
+        let found: Vec<SocketAddr> = resolver
+            .call(Name::from_str("upstream").unwrap())
+            .await
+            .unwrap()
+            .collect();
+        assert_eq!(found.len(), 1);
+        assert_eq!(wrong_once.calls(), 2);
+
+        // A name that is not found twice is not found: two lookups, then the error.
+        let never = LosesFirst {
+            first_fails: true,
+            ..LosesFirst::new(true)
+        };
+        let mut resolver = Bounded::new(
+            never.clone(),
+            Duration::from_secs(10),
+            Duration::from_millis(500),
+        );
+        let started = tokio::time::Instant::now();
+        let err = resolver
+            .call(Name::from_str("upstream").unwrap())
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("no such host"), "{err}");
+        assert_eq!(started.elapsed(), Duration::from_millis(40));
+        assert_eq!(never.calls(), 2);
     }
 
     #[tokio::test]
