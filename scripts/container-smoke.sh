@@ -272,6 +272,20 @@ explain() {
   compose "${gateway[@]}" logs --no-color --tail 12 compactor-1 compactor-2 nginx >&2 2>&1 || true
   in_net resolve >&2 || true
 }
+# The replicas reach the provider by name through the network's DNS server. Right after the
+# containers start, podman's has been seen to answer nothing for many seconds (a replica's lookups
+# of the provider timing out at 10 s, "temporary failure in name resolution" in other
+# containers): the platform's delay, not the gateway's, so it is waited out here, and how long it
+# took is printed, before the first request goes through.
+dns_started=$SECONDS
+until {
+  timeout 5 "$compose_bin" "${gateway[@]}" exec -T compactor-1 getent ahosts upstream &&
+    timeout 5 "$compose_bin" "${gateway[@]}" exec -T compactor-2 getent ahosts upstream
+} >/dev/null 2>&1; do
+  [ $((SECONDS - dns_started)) -lt 120 ] || fail "the replicas could not resolve the provider's name in 120 s"
+  sleep 1
+done
+ok "both replicas resolve the provider's name (after $((SECONDS - dns_started)) s)"
 for _ in $(seq 60); do
   [ "$(nginx_get /readyz 2>/dev/null)" = 200 ] && break
   sleep 0.5
