@@ -98,7 +98,11 @@ def resolve():
 
 
 def readyz(expected):
-    deadline = time.monotonic() + 30
+    # Long enough for the network's DNS server: after a container starts (Redis, here) podman's
+    # has been seen silent for up to about 50 s, and the replicas find Redis by name as this
+    # script finds them.
+    started = time.monotonic()
+    deadline = started + 150
     while True:
         seen = {}
         for name in REPLICAS:
@@ -110,7 +114,8 @@ def readyz(expected):
             except OSError as err:
                 seen[name] = f"unreachable ({err})"
         if all(status == expected for status in seen.values()):
-            check(True, f"both replicas report {expected} on /readyz")
+            took = time.monotonic() - started
+            check(True, f"both replicas report {expected} on /readyz (after {took:.0f} s)")
             return
         if time.monotonic() > deadline:
             check(False, f"both replicas report {expected} on /readyz (seen: {seen})")
