@@ -242,27 +242,34 @@ mod tests {
                 if fail {
                     return Err(io::Error::other("no such host"));
                 }
-                Ok(vec![SocketAddr::from(([10, 89, 0, 7], 0))].into_iter())
+                Ok(vec![SocketAddr::from(STUB_ADDRESS)].into_iter())
             })
         }
     }
 
+    /// `service`'s lookup of the provider's name through a resolver bounded at `bound` that asks
+    /// again after 500 ms: what it found, and how long it took on the paused clock.
+    async fn look_up(
+        service: &LosesFirst,
+        bound: Duration,
+    ) -> (io::Result<Vec<SocketAddr>>, Duration) {
+        let mut resolver = Bounded::new(service.clone(), bound, Duration::from_millis(500));
+        let started = tokio::time::Instant::now();
+        let found = resolver
+            .call(Name::from_str("upstream").unwrap())
+            .await
+            .map(Iterator::collect);
+        (found, started.elapsed())
+    }
+
+    const STUB_ADDRESS: ([u8; 4], u16) = ([10, 89, 0, 7], 0);
+
     #[tokio::test(start_paused = true)]
     async fn a_lost_lookup_is_asked_again_and_the_second_answer_taken() {
         let lossy = LosesFirst::new(false);
-        let mut resolver = Bounded::new(
-            lossy.clone(),
-            Duration::from_secs(10),
-            Duration::from_millis(500),
-        );
-        let started = tokio::time::Instant::now();
-        let found: Vec<SocketAddr> = resolver
-            .call(Name::from_str("upstream").unwrap())
-            .await
-            .unwrap()
-            .collect();
-        assert_eq!(found, vec![SocketAddr::from(([10, 89, 0, 7], 0))]);
-        assert_eq!(started.elapsed(), Duration::from_millis(520));
+        let (found, took) = look_up(&lossy, Duration::from_secs(10)).await;
+        assert_eq!(found.unwrap(), vec![SocketAddr::from(STUB_ADDRESS)]);
+        assert_eq!(took, Duration::from_millis(520));
         assert_eq!(lossy.calls(), 2);
     }
 
@@ -271,15 +278,8 @@ mod tests {
         let lossy = LosesFirst::new(false);
         // Its first lookup already made, the next one answers in 20 ms.
         lossy.calls.store(1, std::sync::atomic::Ordering::SeqCst);
-        let mut resolver = Bounded::new(
-            lossy.clone(),
-            Duration::from_secs(10),
-            Duration::from_millis(500),
-        );
-        resolver
-            .call(Name::from_str("upstream").unwrap())
-            .await
-            .unwrap();
+        let (found, _) = look_up(&lossy, Duration::from_secs(10)).await;
+        found.unwrap();
         tokio::time::sleep(Duration::from_secs(2)).await;
         assert_eq!(lossy.calls(), 2, "one lookup only");
     }
@@ -289,18 +289,10 @@ mod tests {
         // The failure of one lookup is not the answer while the other may still come: here the
         // first never does, so the bound ends it.
         let lossy = LosesFirst::new(true);
-        let mut resolver = Bounded::new(
-            lossy.clone(),
-            Duration::from_secs(3),
-            Duration::from_millis(500),
-        );
-        let started = tokio::time::Instant::now();
-        let err = resolver
-            .call(Name::from_str("upstream").unwrap())
-            .await
-            .unwrap_err();
+        let (found, took) = look_up(&lossy, Duration::from_secs(3)).await;
+        let err = found.unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::TimedOut, "{err}");
-        assert_eq!(started.elapsed(), Duration::from_secs(3));
+        assert_eq!(took, Duration::from_secs(3));
         assert_eq!(lossy.calls(), 2);
     }
 
@@ -310,17 +302,8 @@ mod tests {
             first_fails: true,
             ..LosesFirst::new(false)
         };
-        let mut resolver = Bounded::new(
-            wrong_once.clone(),
-            Duration::from_secs(10),
-            Duration::from_millis(500),
-        );
-        let found: Vec<SocketAddr> = resolver
-            .call(Name::from_str("upstream").unwrap())
-            .await
-            .unwrap()
-            .collect();
-        assert_eq!(found.len(), 1);
+        let (found, _) = look_up(&wrong_once, Duration::from_secs(10)).await;
+        assert_eq!(found.unwrap(), vec![SocketAddr::from(STUB_ADDRESS)]);
         assert_eq!(wrong_once.calls(), 2);
 
         // A name that is not found twice is not found: two lookups, then the error.
@@ -328,18 +311,10 @@ mod tests {
             first_fails: true,
             ..LosesFirst::new(true)
         };
-        let mut resolver = Bounded::new(
-            never.clone(),
-            Duration::from_secs(10),
-            Duration::from_millis(500),
-        );
-        let started = tokio::time::Instant::now();
-        let err = resolver
-            .call(Name::from_str("upstream").unwrap())
-            .await
-            .unwrap_err();
+        let (found, took) = look_up(&never, Duration::from_secs(10)).await;
+        let err = found.unwrap_err();
         assert!(err.to_string().contains("no such host"), "{err}");
-        assert_eq!(started.elapsed(), Duration::from_millis(40));
+        assert_eq!(took, Duration::from_millis(40));
         assert_eq!(never.calls(), 2);
     }
 
