@@ -162,7 +162,7 @@ pub(super) fn outcome_headers(
 }
 
 /// `duration` in milliseconds with three decimals (`0.046`), rounded to the microsecond. Written
-/// from integers: a float's formatting took a measurable share of a small request's time.
+/// from integers, sparing every request a float's formatting.
 fn milliseconds_to_the_microsecond(duration: Duration) -> HeaderValue {
     let micros = (duration.as_nanos() + 500) / 1000;
     let mut text = String::with_capacity(24);
