@@ -165,13 +165,7 @@ pub(super) fn outcome_headers(
 /// from integers, sparing every request a float's formatting.
 fn milliseconds_to_the_microsecond(duration: Duration) -> HeaderValue {
     let micros = (duration.as_nanos() + 500) / 1000;
-    let mut text = String::with_capacity(24);
-    text.push_str(itoa::Buffer::new().format(micros / 1000));
-    text.push('.');
-    let fraction = (micros % 1000) as u32;
-    for digit in [fraction / 100, fraction / 10 % 10, fraction % 10] {
-        text.push(char::from_digit(digit, 10).unwrap_or('0'));
-    }
+    let text = format!("{}.{:03}", micros / 1000, micros % 1000);
     HeaderValue::try_from(text).unwrap_or(HeaderValue::from_static("0.000"))
 }
 
