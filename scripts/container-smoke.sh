@@ -239,20 +239,17 @@ podman rm -f compactor-smoke-image >/dev/null 2>>"$logs/podman-run.log"
 # --- sidecar ---------------------------------------------------------------------------------------------
 step "sidecar: the agent reaches Compactor by service name"
 sidecar_up() { timeout 180 "$compose_bin" "${sidecar[@]}" up --no-build --exit-code-from agent >"$logs/sidecar.log" 2>&1; }
+sidecar_failed() { tail -n 40 "$logs/sidecar.log" >&2; fail "sidecar: the agent did not succeed"; }
 if ! sidecar_up; then
   # The agent's check (the compose file's own) makes one attempt; a name lookup it loses to the
   # network's DNS server being silent after the containers start (see the gateway below) is the
   # platform's, so the whole file is started once more, and said.
-  if grep -q "name resolution\|Name or service not known" "$logs/sidecar.log"; then
-    tail -n 5 "$logs/sidecar.log" >&2
-    printf 'retry: the sidecar agent lost a name lookup; starting the compose file again\n'
-    compose "${sidecar[@]}" down -v --remove-orphans >/dev/null 2>&1 || true
-    sleep 5
-    sidecar_up || { tail -n 40 "$logs/sidecar.log" >&2; fail "sidecar: the agent did not succeed"; }
-  else
-    tail -n 40 "$logs/sidecar.log" >&2
-    fail "sidecar: the agent did not succeed"
-  fi
+  grep -q "name resolution\|Name or service not known" "$logs/sidecar.log" || sidecar_failed
+  tail -n 5 "$logs/sidecar.log" >&2
+  printf 'retry: the sidecar agent lost a name lookup; starting the compose file again\n'
+  compose "${sidecar[@]}" down -v --remove-orphans >/dev/null 2>&1 || true
+  sleep 5
+  sidecar_up || sidecar_failed
 fi
 grep -q "compactor /healthz: 200" "$logs/sidecar.log" || fail "sidecar: no /healthz answer in the agent's output"
 grep -q "models via compactor: \['stub-model'\]" "$logs/sidecar.log" ||
