@@ -38,6 +38,10 @@ struct Args {
     /// where ahead-of-time summaries start, as a share of the window.
     #[arg(long)]
     soft_threshold: Option<f64>,
+    /// `compaction.keep_recent_tokens` for the replays through Compactor (the default's
+    /// otherwise): the most a compaction keeps verbatim.
+    #[arg(long)]
+    keep_recent_tokens: Option<u64>,
     /// How summary requests are sent: `continuation` of the conversation's cached prompt, or
     /// `standalone` (their own system prompt and a transcript).
     #[arg(long, value_enum, default_value_t = Summaries::Continuation)]
@@ -53,11 +57,17 @@ enum Summaries {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<(), String> {
     let args = Args::parse();
-    if args.clear_min_share.is_some() || args.soft_threshold.is_some() {
+    if args.clear_min_share.is_some()
+        || args.soft_threshold.is_some()
+        || args.keep_recent_tokens.is_some()
+    {
         let defaults = compactor::config::CompactionConfig::default();
         run::set_compaction(compactor::config::CompactionConfig {
             clear_min_share: args.clear_min_share.unwrap_or(defaults.clear_min_share),
             soft_threshold: args.soft_threshold.unwrap_or(defaults.soft_threshold),
+            keep_recent_tokens: args
+                .keep_recent_tokens
+                .unwrap_or(defaults.keep_recent_tokens),
             ..defaults
         });
     }
