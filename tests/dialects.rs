@@ -889,11 +889,10 @@ impl EngineRig {
     /// What a count endpoint would count: the body through the conversation's checkpoint.
     async fn count(&self, body: String) -> Counted {
         let request: Arc<dyn WireRequest> = Arc::from(self.dialect.parse(body.as_bytes()).unwrap());
-        let forwarded = Bytes::from(
-            self.engine
-                .through_checkpoint(&Self::context(), &request)
-                .await,
-        );
+        let forwarded = self
+            .engine
+            .through_checkpoint(&Self::context(), &request)
+            .await;
         Counted {
             tokens: Provider::tokens(&forwarded),
             forwarded,

@@ -118,6 +118,34 @@ async fn non_streaming_completion_is_byte_identical() {
     assert_eq!(chats[0].headers["authorization"], "Bearer sk-test");
 }
 
+/// A body nothing changes goes to the provider as the very bytes the client sent, its layout
+/// included; one the proxy must change (a stream it asks usage for) is written again.
+#[tokio::test]
+async fn a_body_that_needs_no_change_reaches_the_provider_byte_for_byte() {
+    let mock = start_mock().await;
+    let proxy = start_proxy(config(&mock.url())).await;
+    let send = |body: Vec<u8>| {
+        client()
+            .post(chat_url(&proxy))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+    };
+    let plain = serde_json::to_vec_pretty(&hello("gpt-4o")).unwrap();
+    assert_eq!(send(plain.clone()).await.unwrap().status(), 200);
+    let streamed = serde_json::to_vec_pretty(&streaming("gpt-4o")).unwrap();
+    let response = send(streamed.clone()).await.unwrap();
+    assert_eq!(response.status(), 200);
+    response.bytes().await.unwrap();
+    let chats = mock.chats();
+    assert_eq!(chats.len(), 2);
+    assert_eq!(chats[0].body, Bytes::from(plain));
+    assert_ne!(chats[1].body, Bytes::from(streamed.clone()));
+    let mut asked = serde_json::from_slice::<Value>(&streamed).unwrap();
+    asked["stream_options"] = json!({"include_usage": true});
+    assert_eq!(chats[1].json(), asked);
+}
+
 /// An upstream named by host name, not address: its name goes through the bounded lookup.
 #[tokio::test]
 async fn an_upstream_named_by_host_name_is_resolved_and_reached() {

@@ -138,7 +138,7 @@ pub async fn replay(
         .filter(|&end| end == messages.len() || views[end].0 == Role::Assistant)
         .filter(|&end| matches!(views[end - 1].0, Role::User | Role::Tool))
         .collect();
-    let mut last_sent = Vec::new();
+    let mut last_sent = bytes::Bytes::new();
     let (mut cleared_ids, mut seen_cleared) = (BTreeSet::new(), BTreeSet::new());
     for &end in &ends {
         let request: Arc<dyn WireRequest> = Arc::new(parse(body, &messages[..end])?);

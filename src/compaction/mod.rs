@@ -60,6 +60,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use bytes::Bytes;
 use dashmap::DashMap;
 use tokio_util::task::TaskTracker;
 
@@ -362,7 +363,7 @@ impl Engine {
         self: &Arc<Self>,
         context: &RequestContext,
         request: &Arc<dyn WireRequest>,
-    ) -> Vec<u8> {
+    ) -> Bytes {
         let measured = self.count(request).await;
         let (facts, _) = self.model_facts(request.model()).await;
         let conversation = self.with_facts(self.identify(context, request, measured), &facts);

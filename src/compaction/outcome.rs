@@ -5,6 +5,7 @@
 
 use std::time::{Duration, SystemTime};
 
+use bytes::Bytes;
 use http::HeaderMap;
 
 use crate::dialect::AnswerError;
@@ -184,7 +185,8 @@ pub struct SummaryReport {
 
 /// The body to send and what happened.
 pub struct Prepared {
-    pub body: Vec<u8>,
+    /// What goes to the provider: the client's own bytes when nothing changed them.
+    pub body: Bytes,
     pub outcome: Outcome,
 }
 

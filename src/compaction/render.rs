@@ -2,6 +2,8 @@
 //! when no summary could be made and the request does not fit, with its oldest turns dropped
 //! under a marker ([`Engine::fallback`]).
 
+use bytes::Bytes;
+
 use crate::dialect::edits::{ClearedResult, Clearing};
 use crate::dialect::{Role, Through, WireRequest};
 use crate::store::{Checkpoint, Cleared};
@@ -36,7 +38,7 @@ pub(super) fn render_through(
     checkpoint: &Checkpoint,
     text: &str,
     merge_into_user: bool,
-) -> Vec<u8> {
+) -> Bytes {
     let cleared = checkpoint
         .cleared
         .as_ref()
@@ -45,12 +47,12 @@ pub(super) fn render_through(
     if checkpoint.covered == 0 {
         return request.original_body();
     }
-    request.render(&Through {
+    Bytes::from(request.render(&Through {
         checkpoint,
         tokens,
         merge_into_user,
         text,
-    })
+    }))
 }
 
 impl Engine {
@@ -87,7 +89,7 @@ impl Engine {
         checkpoint: &Checkpoint,
         text: &str,
         merge_into_user: bool,
-    ) -> Vec<u8> {
+    ) -> Bytes {
         render_through(
             conversation.request.as_ref(),
             &conversation.message_tokens,

@@ -58,6 +58,8 @@ pub mod vocabulary;
 
 use std::ops::Range;
 
+use bytes::Bytes;
+
 use crate::identity::Hash;
 use crate::store::Checkpoint;
 use crate::tokenizer::{Cancel, Encoding};
@@ -276,8 +278,16 @@ pub trait WireRequest: Send + Sync {
         None
     }
 
+    /// Keeps `body`, the bytes this request was parsed from, before anything changed it: while
+    /// nothing does, [`WireRequest::original_body`] is those very bytes (shared, not copied), so
+    /// a large body that needs no compaction is forwarded without being written again. A format
+    /// that keeps nothing ignores it.
+    fn hold_client_body(&mut self, body: Bytes) {
+        let _ = body;
+    }
+
     /// The body as the client sent it (asking for usage if [`WireRequest::ask_for_usage`] did).
-    fn original_body(&self) -> Vec<u8>;
+    fn original_body(&self) -> Bytes;
 
     /// The body through a checkpoint: the head, the summary message in this dialect's shape,
     /// and the kept elements' original bytes (cut to the checkpoint's truncations).

@@ -204,9 +204,13 @@ pub fn object_with_array<'a>(
     key: &str,
     items: impl IntoIterator<Item = &'a RawValue>,
 ) -> Vec<u8> {
+    // Sized for the whole body at once: a large one grown by doubling is copied again at
+    // every step.
+    let items: Vec<&RawValue> = items.into_iter().collect();
     let capacity = fields
         .iter()
         .map(|(k, v)| k.len() + v.get().len() + 4)
+        .chain(items.iter().map(|item| item.get().len() + 1))
         .sum();
     let mut items = Some(items);
     write_object(

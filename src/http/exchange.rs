@@ -390,7 +390,7 @@ impl<'a> Exchange<'a> {
 
     /// Sends a prepared body and reads the start of the answer ([`probe`]), timing both as the
     /// provider's; the call's span is returned open, to end with the answer.
-    async fn send(&mut self, body: Vec<u8>) -> Result<(UpstreamResponse, Probe, Span), ApiError> {
+    async fn send(&mut self, body: Bytes) -> Result<(UpstreamResponse, Probe, Span), ApiError> {
         let mut headers = self.upstream_headers();
         // Bodies come back uncompressed so usage can be read from them.
         headers.remove(http::header::ACCEPT_ENCODING);
@@ -404,7 +404,7 @@ impl<'a> Exchange<'a> {
                 Method::POST,
                 &self.target.upstream_path,
                 headers,
-                upstream::body_from(Bytes::from(body)),
+                upstream::body_from(body),
             )
             .await;
         self.app

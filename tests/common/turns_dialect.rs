@@ -294,8 +294,12 @@ impl WireRequest for TurnsRequest {
         encoding.count(text) + TURN_OVERHEAD
     }
 
-    fn original_body(&self) -> Vec<u8> {
-        splice::object_with_array(&self.fields, "turns", self.turns.iter().map(|t| &*t.raw))
+    fn original_body(&self) -> Bytes {
+        Bytes::from(splice::object_with_array(
+            &self.fields,
+            "turns",
+            self.turns.iter().map(|t| &*t.raw),
+        ))
     }
 
     /// The summary as a user turn, then the pinned user turn and the kept turns' own bytes

@@ -18,6 +18,7 @@ pub mod parse;
 pub mod read;
 pub mod wire;
 
+use bytes::Bytes;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
@@ -282,9 +283,9 @@ impl WireRequest for MessagesRequest {
         Some(Box::new(copy))
     }
 
-    fn original_body(&self) -> Vec<u8> {
+    fn original_body(&self) -> Bytes {
         // Messages streams always report usage (in `message_start`): nothing to ask for.
-        self.to_body(self.messages.iter().map(|m| &*m.raw))
+        Bytes::from(self.to_body(self.messages.iter().map(|m| &*m.raw)))
     }
 
     fn render(&self, rewrite: &Through<'_>) -> Vec<u8> {

@@ -17,6 +17,7 @@ pub mod request;
 pub mod transcript;
 pub mod view;
 
+use bytes::Bytes;
 use serde_json::json;
 
 use crate::dialect::media::{Billing, MediaCost};
@@ -163,6 +164,7 @@ impl WireRequest for ChatRequest {
     }
 
     fn apply_clearing(&mut self, clearing: &Clearing) {
+        self.client_body = None;
         edits::apply(&mut self.messages, clearing)
     }
 
@@ -175,6 +177,7 @@ impl WireRequest for ChatRequest {
     fn prefix_copy(&self, end: usize) -> Option<Box<dyn WireRequest>> {
         let mut copy = self.clone();
         copy.messages.truncate(end);
+        copy.client_body = None;
         Some(Box::new(copy))
     }
 
@@ -231,8 +234,15 @@ impl WireRequest for ChatRequest {
         self.asks_for_usage
     }
 
-    fn original_body(&self) -> Vec<u8> {
-        ChatRequest::original_body(self, self.asks_for_usage)
+    fn hold_client_body(&mut self, body: Bytes) {
+        self.client_body = Some(body);
+    }
+
+    fn original_body(&self) -> Bytes {
+        match &self.client_body {
+            Some(body) if !self.asks_for_usage => body.clone(),
+            _ => Bytes::from(ChatRequest::original_body(self, self.asks_for_usage)),
+        }
     }
 
     fn render(&self, through: &Through<'_>) -> Vec<u8> {

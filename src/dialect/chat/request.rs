@@ -7,6 +7,7 @@
 
 use std::sync::{Arc, LazyLock, OnceLock};
 
+use bytes::Bytes;
 use serde_json::value::RawValue;
 
 use crate::dialect::seen::{self, Counted, SeenElements};
@@ -40,6 +41,9 @@ pub struct ChatRequest {
     /// Whether bodies written for the provider ask for it on the client's behalf
     /// ([`crate::dialect::WireRequest::ask_for_usage`]).
     pub(super) asks_for_usage: bool,
+    /// The bytes the request was parsed from, while nothing has changed it
+    /// ([`crate::dialect::WireRequest::hold_client_body`]).
+    pub(super) client_body: Option<Bytes>,
 }
 
 impl ChatRequest {
@@ -79,6 +83,7 @@ impl ChatRequest {
             },
             client_wants_usage,
             asks_for_usage: false,
+            client_body: None,
             messages,
             fields,
         })
@@ -100,10 +105,16 @@ impl ChatRequest {
         force_usage: bool,
     ) -> Vec<u8> {
         let wrote_stream_options = std::cell::Cell::new(false);
+        // Sized for the whole body at once: a large one grown by doubling is copied again
+        // at every step.
+        let messages: Vec<&RawValue> = messages.into_iter().collect();
+        // (48: room for the `stream_options` written on the client's behalf.)
+        let capacity =
+            self.approx_len() + messages.iter().map(|m| m.get().len() + 1).sum::<usize>() + 48;
         let mut messages = Some(messages);
         splice::write_object(
             &self.fields,
-            self.approx_len(),
+            capacity,
             |key, value, out| {
                 if key == "messages" {
                     splice::write_array(out, messages.take().into_iter().flatten());

@@ -3,6 +3,8 @@
 
 use std::sync::{Arc, LazyLock};
 
+use bytes::Bytes;
+
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
@@ -29,8 +31,9 @@ const TOKENS_PER_ITEM: u64 = 4;
 pub struct ResponsesRequest {
     /// Top-level fields in arrival order, values untouched.
     pub(super) fields: Fields,
-    /// The body exactly as it arrived.
-    original: Vec<u8>,
+    /// The body exactly as it arrived, or as it would have with the changes made since; shared
+    /// by every body written from it that changes nothing.
+    original: Bytes,
     settings: CallSettings,
     pub(super) items: Vec<Arc<Item>>,
     roles: Vec<Role>,
@@ -91,7 +94,7 @@ impl ResponsesRequest {
             .and_then(|r| serde_json::from_str::<u64>(r.get()).ok());
         Ok(ResponsesRequest {
             fields,
-            original: body.to_vec(),
+            original: Bytes::copy_from_slice(body),
             settings: CallSettings {
                 model,
                 stream,
@@ -166,7 +169,7 @@ impl ResponsesRequest {
     /// written).
     pub(super) fn items_changed(&mut self) {
         self.roles = items::roles(&self.items);
-        self.original = self.with_input(self.items.iter().map(|i| &*i.raw));
+        self.original = Bytes::from(self.with_input(self.items.iter().map(|i| &*i.raw)));
     }
 
     /// Whether the request relies on history the provider holds (`previous_response_id`,
@@ -296,7 +299,7 @@ impl WireRequest for ResponsesRequest {
         let mut copy = self.clone();
         copy.items.truncate(end);
         copy.roles.truncate(end);
-        copy.original = copy.with_input(copy.items.iter().map(|i| &*i.raw));
+        copy.original = Bytes::from(copy.with_input(copy.items.iter().map(|i| &*i.raw)));
         Some(Box::new(copy))
     }
 
@@ -432,7 +435,7 @@ impl WireRequest for ResponsesRequest {
         ResponsesRequest::uses_server_state(self)
     }
 
-    fn original_body(&self) -> Vec<u8> {
+    fn original_body(&self) -> Bytes {
         // Usage always comes in `response.completed`: nothing to ask for.
         self.original.clone()
     }

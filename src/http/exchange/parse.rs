@@ -45,7 +45,10 @@ impl Exchange<'_> {
             });
         }
         if !self.target.client_compaction {
-            let parsed = self.target.dialect.parse(&bytes);
+            let parsed = self.target.dialect.parse(&bytes).map(|mut request| {
+                request.hold_client_body(bytes.clone());
+                request
+            });
             return Ok(
                 match self.server_state(parsed, |r| r.uses_server_state(), &bytes)? {
                     Ok(request) => {
@@ -79,7 +82,7 @@ impl Exchange<'_> {
             .await?
             .is_some()
             {
-                return Ok(Parsed::ServerState(Bytes::from(request.original_body())));
+                return Ok(Parsed::ServerState(request.original_body()));
             }
             return Ok(Parsed::ServerState(bytes));
         }
