@@ -381,3 +381,29 @@ async fn bad_input_gets_a_400_in_anthropics_shape() {
     }
     assert!(mock.forwarded().is_empty() && mock.counts().is_empty());
 }
+
+/// A Messages body nothing changes reaches the provider as the very bytes the client sent;
+/// one whose context edits the proxy serves goes without them.
+#[tokio::test]
+async fn a_body_that_needs_no_change_reaches_the_provider_byte_for_byte() {
+    let mock = messages_mock::start().await;
+    let proxy = proxy_for(&mock, 100_000).await;
+    let mut body = json!({
+        "model": MODEL,
+        "max_tokens": 256,
+        "system": "be brief",
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "hello"}]}]
+    });
+    let pretty = serde_json::to_string_pretty(&body).unwrap();
+    let reply = post(&proxy, "/v1/messages", &[], pretty.clone()).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(mock.forwarded().pop().unwrap().body, pretty.as_bytes());
+    body["context_management"] = json!({"edits": [{"type": "clear_tool_uses_20250919"}]});
+    let pretty = serde_json::to_string_pretty(&body).unwrap();
+    let headers = [("anthropic-beta", "context-management-2025-06-27")];
+    let reply = post(&proxy, "/v1/messages", &headers, pretty).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let sent = mock.forwarded().pop().unwrap().json();
+    assert!(sent.get("context_management").is_none(), "{sent}");
+    assert_eq!(sent["messages"], body["messages"]);
+}

@@ -20,6 +20,7 @@
 use std::sync::Arc;
 
 use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
 use http::HeaderMap;
 
 use super::app::App;
@@ -50,10 +51,11 @@ pub(super) async fn read(
     app: &Arc<App>,
     tenant: &Tenant,
     headers: &HeaderMap,
-    bytes: &[u8],
+    bytes: &Bytes,
     answer: bool,
 ) -> Result<Read, ApiError> {
     let mut request = MessagesRequest::parse(bytes)?;
+    request.hold_client_body(bytes.clone());
     check_model_name(request.model())?;
     compaction::drop_failed(&mut request)?;
     let expanded = expand(app, tenant, &mut request).await?;

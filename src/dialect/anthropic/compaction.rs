@@ -196,7 +196,9 @@ pub fn on_demand(request: &MessagesRequest) -> Result<Option<OnDemand>, RequestE
 
 /// Takes the on-demand compaction off the body (for a request only counted).
 pub fn remove_on_demand(request: &mut MessagesRequest) {
-    request.fields.shift_remove(FIELD);
+    if request.fields.shift_remove(FIELD).is_some() {
+        request.client_body = None;
+    }
 }
 
 /// Takes off the blocks of failed compactions (`content` null or absent), which Anthropic treats

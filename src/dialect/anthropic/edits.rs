@@ -260,6 +260,7 @@ pub fn clearable(message: &Message, encoding: Encoding) -> Clearable {
 /// Writes `clearing` into the messages, rewriting only those it changes, and removes
 /// `context_management` from the body.
 pub fn apply(request: &mut MessagesRequest, clearing: &Clearing) {
+    request.client_body = None;
     request.fields.shift_remove(FIELD);
     for (index, message) in request.messages.iter_mut().enumerate() {
         let strip_thinking = clearing.thinking.contains(&index);

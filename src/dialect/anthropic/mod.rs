@@ -280,12 +280,20 @@ impl WireRequest for MessagesRequest {
     fn prefix_copy(&self, end: usize) -> Option<Box<dyn WireRequest>> {
         let mut copy = self.clone();
         copy.messages.truncate(end);
+        copy.client_body = None;
         Some(Box::new(copy))
+    }
+
+    fn hold_client_body(&mut self, body: Bytes) {
+        self.client_body = Some(body);
     }
 
     fn original_body(&self) -> Bytes {
         // Messages streams always report usage (in `message_start`): nothing to ask for.
-        Bytes::from(self.to_body(self.messages.iter().map(|m| &*m.raw)))
+        match &self.client_body {
+            Some(body) => body.clone(),
+            None => Bytes::from(self.to_body(self.messages.iter().map(|m| &*m.raw))),
+        }
     }
 
     fn render(&self, rewrite: &Through<'_>) -> Vec<u8> {

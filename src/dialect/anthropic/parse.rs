@@ -4,6 +4,7 @@
 
 use std::sync::{Arc, LazyLock, OnceLock};
 
+use bytes::Bytes;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
@@ -134,6 +135,10 @@ pub struct MessagesRequest {
     /// Extended thinking is on (`thinking.type` `enabled` or `adaptive`): the turn in progress
     /// must then reach the provider unmodified, signatures included.
     pub thinking: bool,
+    /// The bytes the request was parsed from, while nothing has changed it
+    /// ([`crate::dialect::WireRequest::hold_client_body`]). What changes the request either
+    /// parses a new one (which holds none) or lets go of them.
+    pub(super) client_body: Option<Bytes>,
 }
 
 /// Messages parsed before, found again by their bytes.
@@ -226,6 +231,7 @@ impl MessagesRequest {
             },
             messages,
             thinking,
+            client_body: None,
         })
     }
 
