@@ -40,7 +40,7 @@ use crate::store::Checkpoint;
 pub(super) enum Read {
     /// To be served, with the id of the checkpoint a block was expanded from, and the block to
     /// put first in the answer when the request was compacted at its edit's trigger.
-    Request(MessagesRequest, Option<String>, AtThreshold),
+    Request(Box<MessagesRequest>, Option<String>, AtThreshold),
     /// A compaction that pauses, answered.
     Answered(Response),
 }
@@ -62,7 +62,13 @@ pub(super) async fn read(
     let asked = compaction::on_demand(&request)?;
     let edit = compaction::compact_edit(&request)?;
     compaction::remove_on_demand(&mut request);
-    let unchanged = |request, expanded| Ok(Read::Request(request, expanded, AtThreshold::Under));
+    let unchanged = |request, expanded| {
+        Ok(Read::Request(
+            Box::new(request),
+            expanded,
+            AtThreshold::Under,
+        ))
+    };
     if !answer {
         return unchanged(request, expanded);
     }
@@ -96,7 +102,7 @@ pub(super) async fn read(
             );
             let first = issued(&model, &checkpoint, &summary, &signature).first_in_answer();
             return Ok(Read::Request(
-                request,
+                Box::new(request),
                 expanded,
                 AtThreshold::Compacted(FirstInAnswer::Block(first), checkpoint.id),
             ));
@@ -104,7 +110,11 @@ pub(super) async fn read(
         Err(e) => e,
     };
     tracing::warn!(error = %compacted, "A compaction at a compact_20260112 trigger failed; serving the messages as they came.");
-    Ok(Read::Request(request, expanded, AtThreshold::Failed))
+    Ok(Read::Request(
+        Box::new(request),
+        expanded,
+        AtThreshold::Failed,
+    ))
 }
 
 fn refused(code: &'static str, message: impl Into<String>) -> ApiError {

@@ -39,7 +39,7 @@ impl Exchange<'_> {
             .await?;
             return Ok(match read {
                 messages_compaction::Read::Request(request, expanded, at_threshold) => {
-                    Parsed::Request(Box::new(request), expanded, at_threshold)
+                    Parsed::Request(request, expanded, at_threshold)
                 }
                 messages_compaction::Read::Answered(response) => Parsed::Answered(response),
             });
