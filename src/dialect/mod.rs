@@ -79,8 +79,10 @@ pub trait Dialect: Send + Sync + 'static {
     fn name(&self) -> &'static str;
 
     /// Parses a request body. An error is the client's fault and becomes a 400 in this
-    /// dialect's error shape.
-    fn parse(&self, body: &[u8]) -> Result<Box<dyn WireRequest>, RequestError>;
+    /// dialect's error shape. The request may keep `body` (shared, not copied): while nothing
+    /// changes it, [`WireRequest::original_body`] is then those very bytes, and a large body
+    /// that needs no compaction is forwarded without being written again.
+    fn parse(&self, body: &Bytes) -> Result<Box<dyn WireRequest>, RequestError>;
 
     /// Recognises "the prompt did not fit" in an error response (status and body), with the real
     /// window and the provider's count of the prompt when it states them. Rate limits are never
@@ -276,14 +278,6 @@ pub trait WireRequest: Send + Sync {
     fn prefix_copy(&self, end: usize) -> Option<Box<dyn WireRequest>> {
         let _ = end;
         None
-    }
-
-    /// Keeps `body`, the bytes this request was parsed from, before anything changed it: while
-    /// nothing does, [`WireRequest::original_body`] is those very bytes (shared, not copied), so
-    /// a large body that needs no compaction is forwarded without being written again. A format
-    /// that keeps nothing ignores it.
-    fn hold_client_body(&mut self, body: Bytes) {
-        let _ = body;
     }
 
     /// The body as the client sent it (asking for usage if [`WireRequest::ask_for_usage`] did).

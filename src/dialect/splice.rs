@@ -198,20 +198,25 @@ pub fn write_object(
     out
 }
 
+/// Bytes a body of `fields` with an array of `items` in place of one of them takes, about: a
+/// body is sized once for all of it, since a large one grown by doubling is copied again at
+/// every step.
+pub fn body_capacity(fields: &Fields, items: &[&RawValue]) -> usize {
+    let fields: usize = fields
+        .iter()
+        .map(|(k, v)| k.len() + v.get().len() + 4)
+        .sum();
+    fields + items.iter().map(|item| item.get().len() + 1).sum::<usize>()
+}
+
 /// `fields` written back with the value of `key` replaced by an array of `items`.
 pub fn object_with_array<'a>(
     fields: &Fields,
     key: &str,
     items: impl IntoIterator<Item = &'a RawValue>,
 ) -> Vec<u8> {
-    // Sized for the whole body at once: a large one grown by doubling is copied again at
-    // every step.
     let items: Vec<&RawValue> = items.into_iter().collect();
-    let capacity = fields
-        .iter()
-        .map(|(k, v)| k.len() + v.get().len() + 4)
-        .chain(items.iter().map(|item| item.get().len() + 1))
-        .sum();
+    let capacity = body_capacity(fields, &items);
     let mut items = Some(items);
     write_object(
         fields,

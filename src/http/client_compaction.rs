@@ -284,7 +284,7 @@ pub(super) async fn compact(
     let result = async {
         refuse_encoded_body(&headers)?;
         let (bytes, _budget) = app.limits.read_body(&headers, body).await?;
-        let mut request = ResponsesRequest::parse(&bytes)?;
+        let mut request = ResponsesRequest::parse_shared(&bytes)?;
         super::limits::check_model_name(request.model())?;
         // The user messages as the client sent them: a summary expanded from an earlier item
         // is in the new checkpoint already, and its item is not handed back twice.

@@ -54,8 +54,7 @@ pub(super) async fn read(
     bytes: &Bytes,
     answer: bool,
 ) -> Result<Read, ApiError> {
-    let mut request = MessagesRequest::parse(bytes)?;
-    request.hold_client_body(bytes.clone());
+    let mut request = MessagesRequest::parse_shared(bytes)?;
     check_model_name(request.model())?;
     compaction::drop_failed(&mut request)?;
     let expanded = expand(app, tenant, &mut request).await?;

@@ -68,7 +68,8 @@ pub(super) async fn serve(
     if app.engine.prompt_tokens(&counted).await <= threshold {
         return Ok(AtThreshold::Under);
     }
-    let whole = ResponsesRequest::parse(&crate::dialect::WireRequest::original_body(request))?;
+    let whole =
+        ResponsesRequest::parse_shared(&crate::dialect::WireRequest::original_body(request))?;
     match client_compaction::compact_whole(app, tenant, headers, whole).await {
         Ok((checkpoint, item)) => {
             request.compacted_to(&app.engine.summary_text(&checkpoint))?;

@@ -173,7 +173,7 @@ impl Dialect for Turns {
         "turns"
     }
 
-    fn parse(&self, body: &[u8]) -> Result<Box<dyn WireRequest>, RequestError> {
+    fn parse(&self, body: &Bytes) -> Result<Box<dyn WireRequest>, RequestError> {
         Ok(Box::new(TurnsRequest::parse(body)?))
     }
 

@@ -48,8 +48,8 @@ impl Dialect for Messages {
         "messages"
     }
 
-    fn parse(&self, body: &[u8]) -> Result<Box<dyn WireRequest>, RequestError> {
-        Ok(Box::new(MessagesRequest::parse(body)?))
+    fn parse(&self, body: &Bytes) -> Result<Box<dyn WireRequest>, RequestError> {
+        Ok(Box::new(MessagesRequest::parse_shared(body)?))
     }
 
     /// Anthropic's `prompt is too long: N tokens > M maximum`, and llama.cpp's own body, which
@@ -282,10 +282,6 @@ impl WireRequest for MessagesRequest {
         copy.messages.truncate(end);
         copy.client_body = None;
         Some(Box::new(copy))
-    }
-
-    fn hold_client_body(&mut self, body: Bytes) {
-        self.client_body = Some(body);
     }
 
     fn original_body(&self) -> Bytes {

@@ -135,9 +135,9 @@ pub struct MessagesRequest {
     /// Extended thinking is on (`thinking.type` `enabled` or `adaptive`): the turn in progress
     /// must then reach the provider unmodified, signatures included.
     pub thinking: bool,
-    /// The bytes the request was parsed from, while nothing has changed it
-    /// ([`crate::dialect::WireRequest::hold_client_body`]). What changes the request either
-    /// parses a new one (which holds none) or lets go of them.
+    /// The bytes the request was parsed from ([`MessagesRequest::parse_shared`]), while nothing
+    /// has changed it. What changes the request either parses a new one (which holds none) or
+    /// lets go of them.
     pub(super) client_body: Option<Bytes>,
 }
 
@@ -192,6 +192,14 @@ fn max_tokens(fields: &Fields) -> Result<Option<u64>, RequestError> {
 }
 
 impl MessagesRequest {
+    /// Parses `body` and keeps it: forwarded as it is while nothing changes the request.
+    pub fn parse_shared(body: &Bytes) -> Result<MessagesRequest, RequestError> {
+        let mut request = MessagesRequest::parse(body)?;
+        request.client_body = Some(body.clone());
+        Ok(request)
+    }
+
+    /// Parses `body` without keeping it: a body for the provider is always written again.
     pub fn parse(body: &[u8]) -> Result<MessagesRequest, RequestError> {
         // One pass splits the messages out of the body; each is then read once, or found
         // parsed from the same bytes before.

@@ -18,7 +18,7 @@ fn session() -> Vec<Box<dyn WireRequest>> {
         .map(|line| {
             let record: Value = serde_json::from_str(line).unwrap();
             Messages
-                .parse(record["body"].to_string().as_bytes())
+                .parse(&Bytes::from(record["body"].to_string()))
                 .unwrap()
         })
         .collect()
@@ -82,7 +82,7 @@ fn render_puts_the_summary_first_and_keeps_the_rest_byte_for_byte() {
         ],
         "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
     });
-    let request = Messages.parse(body.to_string().as_bytes()).unwrap();
+    let request = Messages.parse(&Bytes::from(body.to_string())).unwrap();
     let cp = checkpoint(3, None);
     let tokens = vec![10; 4];
     let out = request.render(&Through {
@@ -119,7 +119,7 @@ fn merged_into_user_the_summary_opens_the_next_turn() {
         {"role": "user", "content": "three"},
         {"role": "assistant", "content": "four"},
     ]});
-    let request = Messages.parse(body.to_string().as_bytes()).unwrap();
+    let request = Messages.parse(&Bytes::from(body.to_string())).unwrap();
     let cp = checkpoint(3, None);
     let out = request.render(&Through {
         checkpoint: &cp,

@@ -41,8 +41,8 @@ impl Dialect for Chat {
         "chat"
     }
 
-    fn parse(&self, body: &[u8]) -> Result<Box<dyn WireRequest>, RequestError> {
-        Ok(Box::new(ChatRequest::parse(body)?))
+    fn parse(&self, body: &Bytes) -> Result<Box<dyn WireRequest>, RequestError> {
+        Ok(Box::new(ChatRequest::parse_shared(body)?))
     }
 
     fn overflow(&self, status: u16, body: &[u8]) -> Option<Overflow> {
@@ -234,10 +234,6 @@ impl WireRequest for ChatRequest {
         self.asks_for_usage
     }
 
-    fn hold_client_body(&mut self, body: Bytes) {
-        self.client_body = Some(body);
-    }
-
     fn original_body(&self) -> Bytes {
         match &self.client_body {
             Some(body) if !self.asks_for_usage => body.clone(),
@@ -351,7 +347,7 @@ mod tests {
     #[test]
     fn elements_are_the_messages() {
         let request = Chat
-            .parse(br#"{"model":"m","tools":[{"type":"function","function":{"name":"read"}}],"messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hi"}]}"#)
+            .parse(&Bytes::from_static(br#"{"model":"m","tools":[{"type":"function","function":{"name":"read"}}],"messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hi"}]}"#))
             .unwrap();
         assert_eq!(request.len(), 2);
         assert_eq!(request.role(0), Role::System);

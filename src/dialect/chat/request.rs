@@ -41,12 +41,20 @@ pub struct ChatRequest {
     /// Whether bodies written for the provider ask for it on the client's behalf
     /// ([`crate::dialect::WireRequest::ask_for_usage`]).
     pub(super) asks_for_usage: bool,
-    /// The bytes the request was parsed from, while nothing has changed it
-    /// ([`crate::dialect::WireRequest::hold_client_body`]).
+    /// The bytes the request was parsed from ([`ChatRequest::parse_shared`]), while nothing
+    /// has changed it.
     pub(super) client_body: Option<Bytes>,
 }
 
 impl ChatRequest {
+    /// Parses `body` and keeps it: forwarded as it is while nothing changes the request.
+    pub fn parse_shared(body: &Bytes) -> Result<ChatRequest, RequestError> {
+        let mut request = ChatRequest::parse(body)?;
+        request.client_body = Some(body.clone());
+        Ok(request)
+    }
+
+    /// Parses `body` without keeping it: a body for the provider is always written again.
     pub fn parse(body: &[u8]) -> Result<ChatRequest, RequestError> {
         // One pass over the body: each message is copied out once, everything else is kept as
         // raw JSON. Syntax errors are reported with their line and column even for bodies that
@@ -105,12 +113,9 @@ impl ChatRequest {
         force_usage: bool,
     ) -> Vec<u8> {
         let wrote_stream_options = std::cell::Cell::new(false);
-        // Sized for the whole body at once: a large one grown by doubling is copied again
-        // at every step.
         let messages: Vec<&RawValue> = messages.into_iter().collect();
         // (48: room for the `stream_options` written on the client's behalf.)
-        let capacity =
-            self.approx_len() + messages.iter().map(|m| m.get().len() + 1).sum::<usize>() + 48;
+        let capacity = splice::body_capacity(&self.fields, &messages) + 48;
         let mut messages = Some(messages);
         splice::write_object(
             &self.fields,
@@ -143,13 +148,6 @@ impl ChatRequest {
     /// The original request, re-serialized without changes to `messages`.
     pub fn original_body(&self, force_usage: bool) -> Vec<u8> {
         self.to_body(self.messages.iter().map(|m| &*m.raw), force_usage)
-    }
-
-    fn approx_len(&self) -> usize {
-        self.fields
-            .iter()
-            .map(|(k, v)| k.len() + v.get().len() + 4)
-            .sum()
     }
 }
 

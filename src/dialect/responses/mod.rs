@@ -19,6 +19,7 @@ pub mod items;
 pub mod request;
 pub mod sealed;
 
+use bytes::Bytes;
 use serde_json::{json, Value};
 
 use crate::dialect::overflow::{self, Overflow};
@@ -50,8 +51,8 @@ impl Dialect for Responses {
         "responses"
     }
 
-    fn parse(&self, body: &[u8]) -> Result<Box<dyn WireRequest>, RequestError> {
-        Ok(Box::new(ResponsesRequest::parse(body)?))
+    fn parse(&self, body: &Bytes) -> Result<Box<dyn WireRequest>, RequestError> {
+        Ok(Box::new(ResponsesRequest::parse_shared(body)?))
     }
 
     fn overflow(&self, status: u16, body: &[u8]) -> Option<Overflow> {

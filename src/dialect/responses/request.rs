@@ -78,7 +78,18 @@ fn split_exactly(body: &[u8]) -> Result<(Fields, Vec<Arc<Item>>), RequestError> 
 }
 
 impl ResponsesRequest {
+    /// Parses `body`, keeping it shared rather than copied.
+    pub fn parse_shared(body: &Bytes) -> Result<ResponsesRequest, RequestError> {
+        ResponsesRequest::parse_keeping(body, body.clone())
+    }
+
+    /// Parses `body`, keeping a copy of it.
     pub fn parse(body: &[u8]) -> Result<ResponsesRequest, RequestError> {
+        ResponsesRequest::parse_keeping(body, Bytes::copy_from_slice(body))
+    }
+
+    /// Parses `body`; `original` holds the same bytes.
+    fn parse_keeping(body: &[u8], original: Bytes) -> Result<ResponsesRequest, RequestError> {
         // One pass splits the items out of the body; each is then read once.
         let (fields, items) = match seen::split(body, "input", &SEEN, Item::parse) {
             Some(split) => split,
@@ -94,7 +105,7 @@ impl ResponsesRequest {
             .and_then(|r| serde_json::from_str::<u64>(r.get()).ok());
         Ok(ResponsesRequest {
             fields,
-            original: Bytes::copy_from_slice(body),
+            original,
             settings: CallSettings {
                 model,
                 stream,

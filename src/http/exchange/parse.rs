@@ -45,10 +45,7 @@ impl Exchange<'_> {
             });
         }
         if !self.target.client_compaction {
-            let parsed = self.target.dialect.parse(&bytes).map(|mut request| {
-                request.hold_client_body(bytes.clone());
-                request
-            });
+            let parsed = self.target.dialect.parse(&bytes);
             return Ok(
                 match self.server_state(parsed, |r| r.uses_server_state(), &bytes)? {
                     Ok(request) => {
@@ -59,7 +56,7 @@ impl Exchange<'_> {
                 },
             );
         }
-        let mut request = match ResponsesRequest::parse(&bytes) {
+        let mut request = match ResponsesRequest::parse_shared(&bytes) {
             Ok(request) => request,
             Err(e) => {
                 let holds = self.target.holds_server_state;
