@@ -718,20 +718,17 @@ def measure_streaming(sys_, env, res):
 
 
 def sdk_rounds(systems, env, results):
-    """The real-SDK row, interleaved like the load: each round runs every system once, in a
-    rotating order. Added p50 is taken per round against that round's direct (the machine's
-    moments shared), and reported as the median over rounds beside the pooled figures."""
+    """The real-SDK row: each round is one SDK process measuring every system interleaved,
+    request by request (scripts/bench/sdk_client.py). Added p50 is taken per round against that
+    round's direct, and reported as the median over rounds beside the pooled figures."""
     systems = [s for s in systems if s.name != "LiteLLM" and not is_log_twin(s.name)]
     kinds = ("json", "sse", "sse_first")
     times = {s.name: {k: [] for k in kinds} for s in systems}
     per_round = {s.name: {k: [] for k in kinds} for s in systems}
     for rnd in range(env.sdk_rounds):
-        order = systems[rnd % len(systems):] + systems[:rnd % len(systems)]
-        got = {}
-        for s in order:
-            log(f"{s.name}: OpenAI Python SDK, {env.sdk_n} requests each way "
-                f"(round {rnd + 1}/{env.sdk_rounds})")
-            got[s.name] = run_sdk_client(s, env)
+        log(f"OpenAI Python SDK, {env.sdk_n} requests each way per system, interleaved: "
+            + ", ".join(s.name for s in systems) + f" (round {rnd + 1}/{env.sdk_rounds})")
+        got = run_sdk_client(systems, env)
         for s in systems:
             for kind in kinds:
                 times[s.name][kind] += got[s.name][kind]
@@ -744,14 +741,17 @@ def sdk_rounds(systems, env, results):
             for kind, v in times[s.name].items()}
 
 
-def run_sdk_client(sys_, env):
+def run_sdk_client(systems, env):
     """The OpenAI Python SDK as applications use it (httpx, connections kept alive): wall time
-    per request, non-streaming and streaming, sequential (scripts/bench/sdk_client.py)."""
-    base = sys_.json_url.rsplit("/chat/completions", 1)[0]
-    sse_base = sys_.sse_url.rsplit("/chat/completions", 1)[0]
-    out = subprocess.run([env.sdk_python, os.path.join(HERE, "sdk_client.py"), "--base-url", base,
-                          "--sse-base-url", sse_base, "--api-key", clients.BENCH_KEY,
-                          "-n", str(env.sdk_n)], capture_output=True, text=True, timeout=900)
+    per request, non-streaming and streaming, sequential, the systems interleaved request by
+    request (scripts/bench/sdk_client.py)."""
+    cmd = [env.sdk_python, os.path.join(HERE, "sdk_client.py"), "--api-key", clients.BENCH_KEY,
+           "-n", str(env.sdk_n)]
+    for s in systems:
+        base = s.json_url.rsplit("/chat/completions", 1)[0]
+        sse_base = s.sse_url.rsplit("/chat/completions", 1)[0]
+        cmd += ["--system", f"{s.name}={base},{sse_base}"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900 * len(systems))
     if out.returncode != 0:
         raise RuntimeError(f"sdk_client.py failed: {out.stderr.strip()[-400:]}")
     return json.loads(out.stdout)
@@ -957,6 +957,10 @@ def report(env, results, extra):
              f"system, the systems interleaved (every round runs each system once, in rotating order); "
              f"figures are medians over the rounds. Added latency = the system's percentile minus "
              f"direct's percentile at the same rate.")
+    if "sdk" in env.phases and env.sdk_python:
+        L.append(f"- OpenAI Python SDK rows: {env.sdk_rounds} rounds, each one SDK process sending "
+                 f"{env.sdk_n} requests per system and kind, the systems interleaved request by "
+                 f"request in an order rotated at every step.")
     L.append("")
     L.append("## Per system")
     L.append("")
@@ -1289,7 +1293,8 @@ def main():
                     help="a Python with the `openai` package, for the real-SDK row ('' skips it)")
     ap.add_argument("--sdk-n", type=int, default=300, help="SDK requests per system, kind and round")
     ap.add_argument("--sdk-rounds", type=int, default=3,
-                    help="rounds of the real-SDK row, every system once per round in rotating order")
+                    help="rounds of the real-SDK row: each an SDK process measuring every system, "
+                         "interleaved request by request")
     ap.add_argument("--baseline-compactor", default="",
                     help="another Compactor binary (e.g. an earlier revision's release build) measured "
                          "in the same run, interleaved with --compactor")
