@@ -111,6 +111,14 @@ struct Args {
     /// The context window of the model writing the replays' summaries (default `--window`).
     #[arg(long)]
     probes_model_window: Option<u64>,
+    /// In the probe benchmark's replays, summaries are written ahead of time, as the proxy
+    /// does by default (each waited for before the next request).
+    #[arg(long)]
+    probes_ahead_of_time: bool,
+    /// In the probe benchmark's replays, the most a compaction keeps verbatim
+    /// (`compaction.keep_recent_tokens`; default: the proxy's).
+    #[arg(long)]
+    keep_recent_tokens: Option<u64>,
     /// Markdown file the results are appended to.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -155,6 +163,10 @@ async fn run(args: &Args) -> Result<(), String> {
         if let Some(share) = args.clear_min_share {
             replay::set_clear_min_share(share);
         }
+        replay::set_cadence(replay::Cadence {
+            ahead_of_time: args.probes_ahead_of_time,
+            keep_recent_tokens: args.keep_recent_tokens,
+        });
         return probe_run::run(&probe_run::ProbeArgs {
             files: &args.files,
             window: args.window,

@@ -313,6 +313,12 @@ fn report(
                 &r.last,
                 last.clone(),
             );
+            row(
+                &mut out,
+                &format!("{name}, ours at every request, probes of its newest half window"),
+                &r.recent,
+                format!("{} requests", r.requests),
+            );
             if let Some(prose) = &r.last_without_record {
                 row(
                     &mut out,

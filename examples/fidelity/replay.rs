@@ -95,6 +95,10 @@ pub struct Replay {
     /// With a model summarizer: every probe of the run on the last request with the record
     /// taken out of its summary (the model's prose, the file lists and the turns kept).
     pub last_without_record: Option<Tally>,
+    /// At every request, the probes of the history's newest half window of tokens, on the
+    /// request forwarded: what the model still sees of its recent turns, verbatim or carried.
+    /// Comparable between settings of the kept tail: every setting is asked the same probes.
+    pub recent: Tally,
 }
 
 /// What a cleared result reads as ([`compactor::compaction::clearing::result_stub`]).
@@ -151,7 +155,15 @@ pub async fn replay(
             .await
             .map_err(|e| format!("request {}: {e}", out.requests + 1))?;
         out.requests += 1;
+        if cadence().ahead_of_time {
+            settle(&engine).await;
+        }
         let sent = parse_sent(&prepared.body)?;
+        let recent = newest(&tokens[..end], first_turn(&views), window / 2);
+        out.recent.add(&Tally::score(
+            &probes::draw(&views[recent..end]),
+            &haystack(&sent),
+        ));
         let now_covered = cut_of(&sent, end);
         if metrics.clearings_applied.get() > clearings
             && metrics.summary_requests.get() == summaries
@@ -234,26 +246,69 @@ pub fn set_clear_min_share(share: f64) {
     let _ = CLEAR_MIN_SHARE.set(share);
 }
 
-/// The engine at `window`, with the memory store, real time and no ahead-of-time summaries (a
-/// replay sends the next request at once), clearing old tool output first or not; and its
-/// metrics (the summary requests it made).
+/// How the replays' engine makes its summaries, beyond the window and clearing.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Cadence {
+    /// Summaries written ahead of time, as the proxy does by default, each waited for before
+    /// the next request (the agent's own work between requests gives it that time). Off: a
+    /// summary is written when a request crosses the limit.
+    pub ahead_of_time: bool,
+    /// `compaction.keep_recent_tokens`, when not the proxy's default.
+    pub keep_recent_tokens: Option<u64>,
+}
+
+static CADENCE: std::sync::OnceLock<Cadence> = std::sync::OnceLock::new();
+
+pub fn set_cadence(cadence: Cadence) {
+    let _ = CADENCE.set(cadence);
+}
+
+fn cadence() -> Cadence {
+    CADENCE.get().copied().unwrap_or_default()
+}
+
+/// Waits until the engine's background summaries are done and stored.
+async fn settle(engine: &Engine) {
+    tokio::task::yield_now().await;
+    while engine.background_summaries() > 0 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// Where the newest `budget` tokens of `tokens` start, not before `from`.
+fn newest(tokens: &[u64], from: usize, budget: u64) -> usize {
+    let (mut start, mut used) = (tokens.len(), 0);
+    while start > from && used + tokens[start - 1] <= budget {
+        start -= 1;
+        used += tokens[start];
+    }
+    start
+}
+
+/// The engine at `window`, with the memory store, real time and the [`Cadence`] of this run
+/// (by default no ahead-of-time summaries: a replay sends the next request at once), clearing
+/// old tool output first or not; and its metrics (the summary requests it made).
 fn engine(
     model: &str,
     window: u64,
     clear_first: bool,
     writer: Option<&ModelSummarizer>,
 ) -> Result<(Arc<Engine>, Arc<Metrics>), String> {
+    let defaults = CompactionConfig::default();
     let config = CompactionConfig {
-        ahead_of_time: false,
+        ahead_of_time: cadence().ahead_of_time,
+        keep_recent_tokens: cadence()
+            .keep_recent_tokens
+            .unwrap_or(defaults.keep_recent_tokens),
         clear_tool_results_first: clear_first,
         clear_min_share: CLEAR_MIN_SHARE
             .get()
             .copied()
-            .unwrap_or(CompactionConfig::default().clear_min_share),
+            .unwrap_or(defaults.clear_min_share),
         max_summary_chunks: 10_000,
         // A 0.5B model on a loaded CPU takes minutes per summary, past the proxy's timeout.
         summary_timeout_ms: if writer.is_some() { 3_600_000 } else { 120_000 },
-        ..CompactionConfig::default()
+        ..defaults
     };
     let summarizer = match writer {
         Some(w) => SummarizerConfig {
