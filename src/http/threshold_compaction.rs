@@ -68,8 +68,9 @@ pub(super) async fn serve(
     if app.engine.prompt_tokens(&counted).await <= threshold {
         return Ok(AtThreshold::Under);
     }
-    let whole =
-        ResponsesRequest::parse_shared(&crate::dialect::WireRequest::original_body(request))?;
+    // The request as it now stands (its body written again by every change above): what the
+    // summary is made of.
+    let whole = request.clone();
     match client_compaction::compact_whole(app, tenant, headers, whole).await {
         Ok((checkpoint, item)) => {
             request.compacted_to(&app.engine.summary_text(&checkpoint))?;

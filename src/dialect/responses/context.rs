@@ -4,6 +4,7 @@
 //! compaction item stands for, and the item put first in the answer's `output`, whole or
 //! streamed, as OpenAI's API puts it there.
 
+use bytes::Bytes;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
@@ -105,7 +106,7 @@ impl ResponsesRequest {
             kept.extend(self.items[u..].iter().map(|i| i.raw.clone()));
         }
         let body = self.with_input(kept.iter().map(|r| &**r));
-        *self = ResponsesRequest::parse(&body)?;
+        *self = ResponsesRequest::parse_shared(&Bytes::from(body))?;
         Ok(())
     }
 }
