@@ -839,7 +839,7 @@ impl EngineRig {
     /// What the HTTP layer does with a request, on the engine: parse, prepare, send, and after
     /// an overflow the dialect recognises, compact harder and send once more.
     async fn send(&self, body: String) -> Served {
-        let request: Arc<dyn WireRequest> = match self.dialect.parse(&Bytes::from(body.clone())) {
+        let request: Arc<dyn WireRequest> = match self.dialect.parse(&Bytes::from(body)) {
             Ok(request) => Arc::from(request),
             Err(e) => return self.refused(None, e.param(), e.to_string()),
         };
@@ -889,7 +889,7 @@ impl EngineRig {
     /// What a count endpoint would count: the body through the conversation's checkpoint.
     async fn count(&self, body: String) -> Counted {
         let request: Arc<dyn WireRequest> =
-            Arc::from(self.dialect.parse(&Bytes::from(body.clone())).unwrap());
+            Arc::from(self.dialect.parse(&Bytes::from(body)).unwrap());
         let forwarded = self
             .engine
             .through_checkpoint(&Self::context(), &request)
