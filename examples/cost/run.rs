@@ -6,7 +6,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
 
 use compactor::compaction::{Engine, Parts, RequestContext, Summarizer, SummarizerError};
 use compactor::config::{CompactionConfig, SummarizerConfig};
@@ -213,7 +212,7 @@ pub async fn replay(body: &Value, way: Way) -> Result<Bill, String> {
                         }
                     }
                 }
-                settle(engine).await;
+                engine.background_settled().await;
                 if !matches!(way, Way::Naive(_)) {
                     // The summaries this request started, billed before its own prompt: a
                     // summary made for it runs before it is forwarded, one made ahead of time
@@ -248,7 +247,7 @@ pub async fn replay(body: &Value, way: Way) -> Result<Bill, String> {
         }
     }
     if let (Some(engine), false) = (&engine, matches!(way, Way::Naive(_))) {
-        settle(engine).await;
+        engine.background_settled().await;
         let late: Vec<SentSummary> = writer.sent.lock().unwrap().drain(..).collect();
         for summary in late {
             bill_summary(
@@ -320,16 +319,6 @@ fn bill_summary(
 
 fn providers() -> impl Iterator<Item = Provider> {
     cache::PRICES.iter().map(|p| p.provider)
-}
-
-/// Waits for background summaries to finish and be stored: the agent's own work between
-/// requests gives them that time. Waiting on the engine's own tasks, not a clock, makes each
-/// replay the same from one run to the next.
-async fn settle(engine: &Engine) {
-    tokio::task::yield_now().await;
-    while engine.background_summaries() > 0 {
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
 }
 
 /// The tools, then each message, as cache blocks.
@@ -460,7 +449,7 @@ pub async fn one_shots(
             .prepare(&context, &request)
             .await
             .map_err(|e| e.to_string())?;
-        settle(&engine).await;
+        engine.background_settled().await;
         sent += 1;
     }
     let written = std::mem::take(&mut *writer.sent.lock().unwrap());

@@ -156,14 +156,14 @@ pub async fn replay(
             .map_err(|e| format!("request {}: {e}", out.requests + 1))?;
         out.requests += 1;
         if cadence().ahead_of_time {
-            settle(&engine).await;
+            engine.background_settled().await;
         }
         let sent = parse_sent(&prepared.body)?;
+        // What the model reads of this request, searched by every probe scored on it.
+        let read = haystack(&sent);
         let recent = newest(&tokens[..end], first_turn(&views), window / 2);
-        out.recent.add(&Tally::score(
-            &probes::draw(&views[recent..end]),
-            &haystack(&sent),
-        ));
+        out.recent
+            .add(&Tally::score(&probes::draw(&views[recent..end]), &read));
         let now_covered = cut_of(&sent, end);
         if metrics.clearings_applied.get() > clearings
             && metrics.summary_requests.get() == summaries
@@ -177,8 +177,7 @@ pub async fn replay(
             .flat_map(|&(call, result)| probes::draw(&[views[call].clone(), views[result].clone()]))
             .collect();
         fresh.retain(|p| seen_cleared.insert((p.category, p.answer.clone())));
-        out.cleared_uses
-            .add(&Tally::score(&fresh, &haystack(&sent)));
+        out.cleared_uses.add(&Tally::score(&fresh, &read));
         if now_covered > covered {
             out.compactions += 1;
             let span = &views[covered..now_covered];
@@ -188,7 +187,7 @@ pub async fn replay(
             let history = meter.measure(request.as_ref()).total();
             out.point_tokens.0 += sent_tokens;
             out.point_tokens.1 += history;
-            out.at_points.add(&Tally::score(&fresh, &haystack(&sent)));
+            out.at_points.add(&Tally::score(&fresh, &read));
             let dropped = drop_oldest(&views[..end], &tokens[..end], sent_tokens);
             out.at_points_dropped
                 .add(&Tally::score(&fresh, &Haystack::new(&dropped)));
@@ -265,14 +264,6 @@ pub fn set_cadence(cadence: Cadence) {
 
 fn cadence() -> Cadence {
     CADENCE.get().copied().unwrap_or_default()
-}
-
-/// Waits until the engine's background summaries are done and stored.
-async fn settle(engine: &Engine) {
-    tokio::task::yield_now().await;
-    while engine.background_summaries() > 0 {
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
 }
 
 /// Where the newest `budget` tokens of `tokens` start, not before `from`.

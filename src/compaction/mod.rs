@@ -193,10 +193,17 @@ impl Engine {
         self.draining.load(Ordering::SeqCst)
     }
 
-    /// Summaries running in tasks of their own now (ahead of time, or under a lease), until
-    /// each is stored or given up.
-    pub fn background_summaries(&self) -> usize {
-        self.tasks.len()
+    /// Resolves once no summary runs in a task of its own (ahead of time, or under a lease),
+    /// and goes on taking new ones: for a
+    /// replay that sends a conversation's requests one after another and gives each background
+    /// summary the time an agent's own work between requests would (the cost and probe
+    /// benchmarks). Waits on the engine's tasks, not on a clock, so a replay is the same from
+    /// one run to the next.
+    pub async fn background_settled(&self) {
+        tokio::task::yield_now().await;
+        while !self.tasks.is_empty() {
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
     }
 
     /// Resolves once no summary runs in a task of its own (call after [`Engine::drain`]).
