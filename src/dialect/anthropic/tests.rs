@@ -287,10 +287,34 @@ fn a_continuation_marks_its_instructions_for_the_cache_and_asks_for_text() {
 
 #[test]
 fn usage_adds_the_cached_part() {
-    let event = json!({"type": "message_start", "message": {"usage": {
-        "input_tokens": 120, "cache_creation_input_tokens": 5, "cache_read_input_tokens": 800}}});
-    assert_eq!(
-        wire::usage_of(&event).and_then(wire::prompt_tokens),
-        Some(925)
-    );
+    let usage = |event: Value| Messages.reported_usage(event.to_string().as_bytes());
+    let start = usage(
+        json!({"type": "message_start", "message": {"model": "claude-x",
+        "content": [], "usage": {"input_tokens": 120, "cache_creation_input_tokens": 5,
+        "cache_read_input_tokens": 800, "output_tokens": 1}}}),
+    )
+    .unwrap();
+    assert_eq!(start.input_tokens, Some(925));
+    assert_eq!(start.cache_read_tokens, Some(800));
+    assert_eq!(start.cache_creation_tokens, Some(5));
+    assert_eq!(start.model.as_deref(), Some("claude-x"));
+    // `message_delta` carries it at the top, beside the stop reason.
+    let delta = usage(
+        json!({"type": "message_delta", "delta": {"stop_reason": "end_turn"},
+        "usage": {"output_tokens": 33}}),
+    )
+    .unwrap();
+    assert_eq!((delta.input_tokens, delta.output_tokens), (None, Some(33)));
+    // A whole answer: usage at the top, after content that mentions it.
+    let whole = usage(json!({"model": "claude-y", "content": [{"type": "text",
+        "text": "\"usage\": {\"input_tokens\": 1}"}], "usage": {"input_tokens": 40,
+        "output_tokens": 2}}))
+    .unwrap();
+    assert_eq!(whole.input_tokens, Some(40));
+    assert_eq!(whole.model.as_deref(), Some("claude-y"));
+    assert!(usage(json!({"type": "message_stop"})).is_none());
+    assert!(Messages.reported_usage(b"not json").is_none());
+    assert!(Messages
+        .reported_usage(b"{\"usage\": {\"input_tokens\": 4")
+        .is_none());
 }

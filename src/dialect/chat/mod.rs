@@ -265,6 +265,28 @@ mod tests {
     use super::*;
 
     #[test]
+    fn reads_usage_and_model_of_answers_and_chunks() {
+        let whole = br#"{"id":"c","model":"gpt-x","choices":[{"message":{"content":"\"usage\":{\"prompt_tokens\":1}"}}],
+            "usage":{"prompt_tokens":900,"completion_tokens":12,"prompt_tokens_details":{"cached_tokens":640}}}"#;
+        let usage = Chat.reported_usage(whole).unwrap();
+        assert_eq!(usage.input_tokens, Some(900));
+        assert_eq!(usage.output_tokens, Some(12));
+        assert_eq!(usage.cache_read_tokens, Some(640));
+        assert_eq!(usage.model.as_deref(), Some("gpt-x"));
+        // Every chunk but the last has no usage, or `null`.
+        assert!(Chat
+            .reported_usage(br#"{"choices":[{"delta":{"content":"usage"}}]}"#)
+            .is_none());
+        assert!(Chat
+            .reported_usage(br#"{"choices":[],"usage":null}"#)
+            .is_none());
+        assert!(Chat
+            .reported_usage(b"{\"usage\":{\"prompt_tokens\":7")
+            .is_none());
+        assert!(Chat.reported_usage(b"\xff\xfe").is_none());
+    }
+
+    #[test]
     fn writes_and_reads_summary_requests() {
         let body = Chat.summary_request(&SummaryRequest {
             model: "m",

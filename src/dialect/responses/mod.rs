@@ -191,6 +191,28 @@ mod tests {
     use super::*;
 
     #[test]
+    fn reads_usage_of_answers_and_of_completed_events() {
+        let event = br#"{"type":"response.completed","sequence_number":9,"response":{"id":"r","model":"gpt-y",
+            "output":[{"type":"message","content":[{"type":"output_text","text":"usage"}]}],
+            "usage":{"input_tokens":321,"output_tokens":4,"input_tokens_details":{"cached_tokens":256}}}}"#;
+        let usage = Responses.reported_usage(event).unwrap();
+        assert_eq!(usage.input_tokens, Some(321));
+        assert_eq!(usage.cache_read_tokens, Some(256));
+        assert_eq!(usage.model.as_deref(), Some("gpt-y"));
+        let whole = br#"{"id":"r","model":"gpt-z","usage":{"input_tokens":5,"output_tokens":1}}"#;
+        assert_eq!(
+            Responses.reported_usage(whole).unwrap().input_tokens,
+            Some(5)
+        );
+        assert!(Responses
+            .reported_usage(br#"{"type":"response.created","response":{"usage":null}}"#)
+            .is_none());
+        assert!(Responses
+            .reported_usage(br#"{"type":"response.output_text.delta","delta":"x"}"#)
+            .is_none());
+    }
+
+    #[test]
     fn a_failed_response_before_any_output_is_an_overflow() {
         let failed = b"event: response.created\ndata: {\"type\":\"response.created\",\"response\":{}}\n\nevent: response.failed\ndata: {\"type\":\"response.failed\",\"response\":{\"error\":{\"code\":\"context_length_exceeded\",\"message\":\"Your input exceeds the context window of this model.\"}}}\n\n";
         assert!(Responses.overflow_in_stream(failed).is_some());
