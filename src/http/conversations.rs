@@ -65,11 +65,17 @@ pub(super) fn record(app: &App, tenant: &Tenant, served: Served<'_>) {
         tenant_name: tenant.name.as_deref().map(str::to_string),
     };
     let store = app.engine.store().clone();
-    tokio::spawn(async move {
+    let mut recording = Box::pin(async move {
         if let Err(e) = store.record_request(&id, &owner, &row, bounds).await {
             tracing::debug!(error = %e, "A request was not added to its conversation's timeline.");
         }
     });
+    // The memory and SQLite stores take the row at once (SQLite queues it for a writer of its
+    // own): a task of its own would cost more than the row. A store that waits on the network
+    // (Redis) goes on in one.
+    if futures::FutureExt::now_or_never(&mut recording).is_none() {
+        tokio::spawn(recording);
+    }
 }
 
 fn store_error(e: crate::store::StoreError) -> ApiError {

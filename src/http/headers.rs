@@ -114,7 +114,8 @@ pub(super) fn forwarded_headers(headers: &HeaderMap) -> HeaderMap {
 
 /// Sets a header the proxy writes; a value that is not a valid header value is left out.
 pub(super) fn set(headers: &mut HeaderMap, name: &'static str, value: impl ToString) {
-    if let Ok(v) = HeaderValue::from_str(&value.to_string()) {
+    // From the `String` itself: its bytes become the value's without a second copy.
+    if let Ok(v) = HeaderValue::try_from(value.to_string()) {
         headers.insert(HeaderName::from_static(name), v);
     }
 }
@@ -126,6 +127,9 @@ pub(super) fn outcome_headers(
     outcome: &Outcome,
     overhead: Duration,
 ) {
+    // Room for every header below at once: the provider's answer comes with a map sized for
+    // its own headers, which would otherwise grow more than once.
+    headers.reserve(OUTCOME_HEADERS_AT_MOST);
     headers.insert(PROMPT_TOKENS, outcome.prompt_tokens.into());
     headers.insert(CONTEXT_WINDOW, outcome.window.into());
     headers.insert(OVERHEAD_MS, milliseconds_to_the_microsecond(overhead));
@@ -160,6 +164,9 @@ pub(super) fn outcome_headers(
         set(headers, "x-compactor-store", "degraded");
     }
 }
+
+/// How many headers [`outcome_headers`] sets at most.
+const OUTCOME_HEADERS_AT_MOST: usize = 12;
 
 /// `duration` in milliseconds with three decimals (`0.046`), rounded to the microsecond. Written
 /// from integers, sparing every request a float's formatting.
