@@ -55,10 +55,9 @@ pub fn log(line: &ServedLine<'_>) {
             if tracing::Span::current().is_none()
                 && tracing::enabled!(target: TARGET, tracing::Level::INFO) =>
         {
-            let mut text = Vec::with_capacity(320);
-            format_plain(line, SystemTime::now(), &mut text);
+            let now = SystemTime::now();
             // The log writer only fails when its output does, which the formatter ignores too.
-            let _ = output.clone().write_all(&text);
+            let _ = output.append_with(|lines| format_plain(line, now, lines));
         }
         _ => tracing::info!(
             target: TARGET,
