@@ -287,8 +287,18 @@ async fn a_degraded_sqlite_store_is_counted_in_the_store_errors() {
     let r = send(&proxy, &body, "Bearer k", &[]).await;
     assert_eq!(r.header("x-compactor-store"), None);
     // The file is replaced by something that cannot be one: writes fail, the store degrades.
-    std::fs::remove_file(&path).unwrap();
-    std::fs::create_dir(&path).unwrap();
+    // The store's writer may still be finishing the request's rows and create the file again
+    // between the two calls: replaced until the folder stands.
+    for attempt in 0.. {
+        let _ = std::fs::remove_file(&path);
+        match std::fs::create_dir(&path) {
+            Ok(()) => break,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && attempt < 50 => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
     common::eventually("the store to report itself degraded", async || {
         send(&proxy, &body, "Bearer k", &[])
             .await
