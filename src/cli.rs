@@ -218,7 +218,8 @@ pub async fn run_serve(
     let config = load(&common, &overrides)?;
     init_logs(config.log_format);
     Meter::warm_up();
-    let listener = tokio::net::TcpListener::bind(&config.listen)
+    let workers = crate::workers::count(config.workers);
+    let (listener, more_listeners) = crate::workers::bind(&config.listen, workers)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
     let app = crate::server::build(&config).await?;
@@ -231,15 +232,19 @@ pub async fn run_serve(
     if let Some(keys) = &app.gateway_keys {
         tracing::info!(keys = keys.len(), "Gateway keys required.");
     }
-    tracing::info!(listen = %listen, upstream = %redact_url(&config.upstream), store = app.engine.store().kind(), "Compactor is listening.");
-    crate::server::serve(
-        listener,
-        app,
-        crate::server::shutdown_signal(),
-        std::time::Duration::from_millis(config.shutdown_grace_ms),
-    )
-    .await
-    .map_err(|e| e.to_string())
+    let grace = std::time::Duration::from_millis(config.shutdown_grace_ms);
+    let others = crate::workers::start(more_listeners, &app, grace);
+    tracing::info!(listen = %listen, upstream = %redact_url(&config.upstream), store = app.engine.store().kind(), workers = others.len() + 1, "Compactor is listening.");
+    let stop_others = others.stopper();
+    let shutdown = async move {
+        crate::server::shutdown_signal().await;
+        stop_others.cancel();
+    };
+    let served = crate::server::serve_connections(listener, app.clone(), shutdown, grace).await;
+    others.finish().await;
+    // The spans of the requests just drained are still queued: sent before the process ends.
+    app.telemetry.shutdown().await;
+    served.map_err(|e| e.to_string())
 }
 
 impl From<LogFormatArg> for LogFormat {

@@ -52,6 +52,8 @@ pub struct Config {
     pub header_read_timeout_ms: u64,
     pub body_read_timeout_ms: u64,
     pub max_connections: usize,
+    /// Runtimes serving, each on a thread of its own ([`crate::workers`]); 0: one per CPU.
+    pub workers: usize,
     pub max_in_flight_body_bytes: usize,
     pub seen_elements_bytes: u64,
     pub gateway_keys_file: String,

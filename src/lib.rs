@@ -21,7 +21,7 @@
 //! [`config`] loads settings, [`metrics`] exports Prometheus counters, [`telemetry`] exports
 //! OpenTelemetry traces (each request a span, continuing the client's trace and passed on to the
 //! provider), [`server`] builds the application and serves it with graceful shutdown, [`cli`]
-//! holds the subcommands, [`log_writer`] writes the log.
+//! holds the subcommands, [`workers`] runs a runtime per CPU, [`log_writer`] writes the log.
 //!
 //! ## Layers
 //!
@@ -33,7 +33,7 @@
 //! 2. [`dialect`]: the seam and, each in its own folder, the wire formats; beside it
 //!    [`telemetry`], which knows only the configuration;
 //! 3. [`measure`], then [`compaction`] (the core: it imports the seam, never a dialect);
-//! 4. [`upstream`], then [`http`], then [`server`] and [`cli`].
+//! 4. [`upstream`], then [`http`], then [`server`], [`workers`] and [`cli`].
 
 pub mod cli;
 pub mod compaction;
@@ -49,3 +49,4 @@ pub mod store;
 pub mod telemetry;
 pub mod tokenizer;
 pub mod upstream;
+pub mod workers;

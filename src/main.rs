@@ -48,24 +48,26 @@ fn colours() -> bool {
     std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
 }
 
-/// On one CPU, a single-threaded runtime: a multi-threaded one would have one worker there
-/// anyway, and pay for waking it across threads (benches/results/2026-12-01-speed.md). Blocking
-/// work (token counting, SQLite) still runs on the blocking pool either way.
+/// The proxy serves on single-threaded runtimes, one per worker ([`compactor::workers`]): this
+/// one and as many more as it starts. The other commands run on one multi-threaded runtime,
+/// single-threaded on one CPU, where a multi-threaded one would have one worker anyway and pay
+/// for waking it across threads (benches/results/2026-12-01-speed.md). Blocking work (token
+/// counting, SQLite) runs on the runtime's blocking pool either way.
 fn main() -> ExitCode {
+    let cli = Cli::parse();
     let one_cpu = std::thread::available_parallelism().is_ok_and(|n| n.get() == 1);
-    let mut runtime = if one_cpu {
+    let mut runtime = if one_cpu || matches!(cli.command, Command::Serve { .. }) {
         tokio::runtime::Builder::new_current_thread()
     } else {
         tokio::runtime::Builder::new_multi_thread()
     };
     match runtime.enable_all().build() {
-        Ok(runtime) => runtime.block_on(serve()),
+        Ok(runtime) => runtime.block_on(serve(cli)),
         Err(e) => cli::fail(&format!("cannot start the runtime: {e}")),
     }
 }
 
-async fn serve() -> ExitCode {
-    let cli = Cli::parse();
+async fn serve(cli: Cli) -> ExitCode {
     let mut log_guard = None;
     let result = match cli.command {
         Command::Serve {

@@ -20,7 +20,6 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower::ServiceExt;
@@ -144,13 +143,13 @@ pub async fn build_with_store(
             config.max_in_flight_body_bytes,
             Duration::from_millis(config.body_read_timeout_ms),
         ),
-        connections: ConnectionLimits {
-            header_read_timeout: Duration::from_millis(config.header_read_timeout_ms),
-            max_connections: config.max_connections,
-        },
+        connections: ConnectionLimits::new(
+            Duration::from_millis(config.header_read_timeout_ms),
+            config.max_connections,
+        ),
         calibrate_streams: config.compaction.calibrate_streams,
         admin_token: Some(config.admin_token.clone()).filter(|t| !t.is_empty()),
-        gateway_keys,
+        gateway_keys: gateway_keys.map(Arc::new),
         timeline: config.timeline.enabled.then_some(TimelineBounds {
             requests_per_conversation: config.timeline.requests_per_conversation,
             conversations: config.timeline.conversations,
@@ -172,7 +171,23 @@ pub async fn build_with_store(
 /// headers within `header_read_timeout` is closed, however slowly it trickles them, and so is
 /// one left without an open request for as long, HTTP/1.1 and HTTP/2 alike. Each socket is
 /// wrapped so that the answers hyper makes itself for unparsable requests carry an error body.
+/// The spans still queued are sent before it returns.
 pub async fn serve(
+    listener: TcpListener,
+    app: Arc<App>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    grace: Duration,
+) -> std::io::Result<()> {
+    let telemetry = app.telemetry.clone();
+    serve_connections(listener, app, shutdown, grace).await?;
+    // The spans of the requests just drained are still queued: sent before the process ends.
+    telemetry.shutdown().await;
+    Ok(())
+}
+
+/// [`serve`] on one listener of several (one per runtime, started by the `workers` module): the
+/// same, but the spans are left for the caller to send once every runtime has drained.
+pub async fn serve_connections(
     listener: TcpListener,
     app: Arc<App>,
     shutdown: impl Future<Output = ()> + Send + 'static,
@@ -180,7 +195,6 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let limits = app.connections.clone();
     let engine = app.engine.clone();
-    let telemetry = app.telemetry.clone();
     let router = router(app.clone());
     let mut builder = Builder::new(TokioExecutor::new());
     builder
@@ -188,7 +202,7 @@ pub async fn serve(
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout);
     builder.http2().timer(TokioTimer::new());
-    let open = Arc::new(Semaphore::new(limits.max_connections));
+    let open = limits.open.clone();
     let connections = TaskTracker::new();
     let draining = CancellationToken::new();
     let abandon = CancellationToken::new();
@@ -325,8 +339,6 @@ pub async fn serve(
             tracing::warn!("Closing the connections still open.");
         }
     }
-    // The spans of the requests just drained are still queued: sent before the process ends.
-    telemetry.shutdown().await;
     Ok(())
 }
 

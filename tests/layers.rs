@@ -24,7 +24,8 @@ const LAYERS: &[(&str, u8)] = &[
     ("upstream", 4),
     ("http", 5),
     ("server", 6),
-    ("cli", 7),
+    ("workers", 7),
+    ("cli", 8),
 ];
 
 /// The files of the seam inside `src/dialect/`: they import no dialect folder.

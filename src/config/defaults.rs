@@ -28,6 +28,7 @@ impl Default for Config {
             header_read_timeout_ms: 30_000,
             body_read_timeout_ms: 60_000,
             max_connections: 1024,
+            workers: 0,
             max_in_flight_body_bytes: 256 * 1024 * 1024,
             seen_elements_bytes: 32 * 1024 * 1024,
             gateway_keys_file: String::new(),

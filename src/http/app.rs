@@ -26,7 +26,7 @@ pub struct App {
     pub calibrate_streams: bool,
     pub admin_token: Option<String>,
     /// Accepted client keys; `None`: any client may use the proxy.
-    pub gateway_keys: Option<GatewayKeys>,
+    pub gateway_keys: Option<Arc<GatewayKeys>>,
     /// Who answers the compaction Responses clients ask for.
     pub client_compaction: ClientCompaction,
     /// How much of each conversation's history the store keeps; `None`: none is recorded.
@@ -47,6 +47,27 @@ pub struct ClientCompaction {
 }
 
 impl App {
+    /// The same state for another runtime: everything shared (the engine and its store, the
+    /// limits, the metrics, the keys), except the connection pools to the providers, which are
+    /// its own ([`Upstream::with_own_pool`]).
+    pub fn for_another_runtime(&self) -> App {
+        App {
+            engine: self.engine.clone(),
+            upstream: self.upstream.with_own_pool(),
+            anthropic_upstream: self.anthropic_upstream.with_own_pool(),
+            metrics: self.metrics.clone(),
+            limits: self.limits.clone(),
+            connections: self.connections.clone(),
+            calibrate_streams: self.calibrate_streams,
+            admin_token: self.admin_token.clone(),
+            gateway_keys: self.gateway_keys.clone(),
+            client_compaction: self.client_compaction.clone(),
+            timeline: self.timeline,
+            telemetry: self.telemetry.clone(),
+            context_edits: self.context_edits,
+        }
+    }
+
     /// Counts one answered request of `route` by its status.
     pub(super) fn count_request(&self, route: Route, response: &Response) {
         self.metrics

@@ -119,7 +119,8 @@ mod tests {
         Arc::get_mut(&mut app)
             .expect("the only handle")
             .gateway_keys = keys
-            .and_then(|k| super::super::gateway_keys::GatewayKeys::load(None, Some(k)).unwrap());
+            .and_then(|k| super::super::gateway_keys::GatewayKeys::load(None, Some(k)).unwrap())
+            .map(Arc::new);
         let request = http::Request::post("/v1/messages")
             .header("x-api-key", credential)
             .body(axum::body::Body::empty())

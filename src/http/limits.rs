@@ -98,7 +98,8 @@ pub fn check_model_name(model: &str) -> Result<(), ApiError> {
     })
 }
 
-/// Request limits shared by every handler.
+/// Request limits shared by every handler; a clone shares the in-flight budget.
+#[derive(Clone)]
 pub struct Limits {
     pub max_body_bytes: usize,
     pub body_read_timeout: Duration,
@@ -111,7 +112,18 @@ pub struct Limits {
 #[derive(Debug, Clone)]
 pub struct ConnectionLimits {
     pub header_read_timeout: Duration,
-    pub max_connections: usize,
+    /// One permit per open client connection, `max_connections` in all, shared by every
+    /// runtime's accept loop (a clone shares them).
+    pub open: Arc<Semaphore>,
+}
+
+impl ConnectionLimits {
+    pub fn new(header_read_timeout: Duration, max_connections: usize) -> ConnectionLimits {
+        ConnectionLimits {
+            header_read_timeout,
+            open: Arc::new(Semaphore::new(max_connections)),
+        }
+    }
 }
 
 /// The requests open on one connection: from the moment its handler is called until its

@@ -134,7 +134,31 @@ pub struct Upstream {
     base: Base,
     key: Option<String>,
     key_header: KeyHeader,
+    connect_timeout: Duration,
     first_byte_timeout: Duration,
+}
+
+/// A client over a pool of its own, HTTP/1.1 and HTTP/2, TLS by the web PKI roots.
+fn http_client(connect_timeout: Duration) -> HttpClient {
+    let resolver = resolve::Bounded::new(GaiResolver::new(), connect_timeout, resolve::HEDGE_AFTER);
+    let mut http = HttpConnector::new_with_resolver(resolver);
+    http.set_connect_timeout(Some(connect_timeout));
+    http.set_nodelay(true);
+    http.enforce_http(false);
+    let https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_webpki_roots()
+        .https_or_http()
+        .enable_http1()
+        .enable_http2()
+        .wrap_connector(http);
+    // This client follows no redirects, as it must not: a redirect would carry the prompt and
+    // the credential headers (`api-key` and `x-api-key` included) to wherever the upstream
+    // points, so 3xx answers go back to the client.
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(90))
+        .pool_timer(TokioTimer::new())
+        .timer(TokioTimer::new())
+        .build(https)
 }
 
 impl Upstream {
@@ -144,33 +168,24 @@ impl Upstream {
         connect_timeout: Duration,
         first_byte_timeout: Duration,
     ) -> Result<Upstream, UpstreamError> {
-        let resolver =
-            resolve::Bounded::new(GaiResolver::new(), connect_timeout, resolve::HEDGE_AFTER);
-        let mut http = HttpConnector::new_with_resolver(resolver);
-        http.set_connect_timeout(Some(connect_timeout));
-        http.set_nodelay(true);
-        http.enforce_http(false);
-        let https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_webpki_roots()
-            .https_or_http()
-            .enable_http1()
-            .enable_http2()
-            .wrap_connector(http);
-        // This client follows no redirects, as it must not: a redirect would carry the prompt and
-        // the credential headers (`api-key` and `x-api-key` included) to wherever the upstream
-        // points, so 3xx answers go back to the client.
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(90))
-            .pool_timer(TokioTimer::new())
-            .timer(TokioTimer::new())
-            .build(https);
         Ok(Upstream {
-            client,
+            client: http_client(connect_timeout),
             base: Base::parse(base)?,
             key,
             key_header: KeyHeader::Bearer,
+            connect_timeout,
             first_byte_timeout,
         })
+    }
+
+    /// The same provider with a connection pool of its own, for another runtime: a pooled
+    /// connection is driven by the runtime that opened it, so sharing one pool between runtimes
+    /// would wake another thread for every call.
+    pub fn with_own_pool(&self) -> Upstream {
+        Upstream {
+            client: http_client(self.connect_timeout),
+            ..self.clone()
+        }
     }
 
     /// The same client and timeouts, aimed at another base URL and key.
@@ -180,6 +195,7 @@ impl Upstream {
             base: Base::parse(base)?,
             key: key.or_else(|| self.key.clone()),
             key_header: self.key_header,
+            connect_timeout: self.connect_timeout,
             first_byte_timeout: self.first_byte_timeout,
         })
     }
@@ -197,6 +213,7 @@ impl Upstream {
             base: Base::parse(base)?,
             key,
             key_header,
+            connect_timeout: self.connect_timeout,
             first_byte_timeout: self.first_byte_timeout,
         })
     }
