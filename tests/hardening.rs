@@ -13,7 +13,7 @@ use axum::Router;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use common::{client, compactor_command, config, start_mock, start_proxy};
+use common::{client, compactor_command, config, hold_connections, start_mock, start_proxy};
 
 /// Sends `head` (a request line and headers, without the blank line) on a fresh connection and
 /// returns everything the proxy answers before it closes (or goes quiet for five seconds).
@@ -522,15 +522,7 @@ async fn connections_beyond_the_cap_are_answered_503() {
     let mut cfg = config(&mock.url());
     cfg.max_connections = 2;
     let proxy = start_proxy(cfg).await;
-    let mut held = Vec::new();
-    for _ in 0..2 {
-        let mut stream = TcpStream::connect(proxy.addr).await.unwrap();
-        stream
-            .write_all(b"GET /healthz HTTP/1.1\r\n")
-            .await
-            .unwrap();
-        held.push(stream);
-    }
+    let mut held = hold_connections(proxy.addr, 2).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     let mut third = TcpStream::connect(proxy.addr).await.unwrap();
     let answer = read_until_quiet(&mut third, Duration::from_secs(5)).await;

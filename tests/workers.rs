@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{compactor_command, start_mock};
+use common::{compactor_command, hold_connections, start_mock};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -146,15 +146,7 @@ async fn every_worker_serves_the_one_port_within_one_connection_cap() {
 
     // Two connections hold the whole cap. Every later one is refused, whichever runtime's
     // socket the kernel gives it to: with a cap per runtime, about half would be let in.
-    let mut held = Vec::new();
-    for _ in 0..2 {
-        let mut stream = TcpStream::connect(proxy.addr).await.unwrap();
-        stream
-            .write_all(b"GET /healthz HTTP/1.1\r\n")
-            .await
-            .unwrap();
-        held.push(stream);
-    }
+    let mut held = hold_connections(proxy.addr, 2).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     for i in 0..8 {
         let mut stream = TcpStream::connect(proxy.addr).await.unwrap();

@@ -190,14 +190,7 @@ impl Upstream {
 
     /// The same client and timeouts, aimed at another base URL and key.
     pub fn with_base(&self, base: &str, key: Option<String>) -> Result<Upstream, UpstreamError> {
-        Ok(Upstream {
-            client: self.client.clone(),
-            base: Base::parse(base)?,
-            key: key.or_else(|| self.key.clone()),
-            key_header: self.key_header,
-            connect_timeout: self.connect_timeout,
-            first_byte_timeout: self.first_byte_timeout,
-        })
+        self.for_provider(base, key.or_else(|| self.key.clone()), self.key_header)
     }
 
     /// The same client and timeouts, aimed at another provider with its own key (none: the

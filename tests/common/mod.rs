@@ -571,6 +571,22 @@ pub async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
     }
 }
 
+/// `n` connections to `addr` that each hold a slot of the proxy's connection cap: each has sent
+/// the first line of a request and waits, inside the header read timeout, with the rest unsent.
+pub async fn hold_connections(addr: SocketAddr, n: usize) -> Vec<tokio::net::TcpStream> {
+    use tokio::io::AsyncWriteExt;
+    let mut held = Vec::with_capacity(n);
+    for _ in 0..n {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        stream
+            .write_all(b"GET /healthz HTTP/1.1\r\n")
+            .await
+            .unwrap();
+        held.push(stream);
+    }
+    held
+}
+
 /// `GET url` with an optional `Authorization` value: the status and the body as text.
 pub async fn get(url: &str, auth: Option<&str>) -> (u16, String) {
     let mut request = client().get(url);
