@@ -6,6 +6,7 @@ mod common;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use common::agent_session::filler;
 use common::{config, start_mock, start_proxy, Mock, OverflowStyle, Proxy, Reply};
 use serde_json::{json, Value};
 
@@ -16,30 +17,6 @@ fn tools() -> Value {
         {"type":"function","function":{"name":"read","description":"Read a file","parameters":{"type":"object","properties":{"path":{"type":"string"}}}}},
         {"type":"function","function":{"name":"edit","description":"Edit a file","parameters":{"type":"object","properties":{"path":{"type":"string"},"oldText":{"type":"string"},"newText":{"type":"string"}}}}}
     ])
-}
-
-/// Deterministic filler text of roughly `words` words.
-fn filler(seed: usize, words: usize) -> String {
-    const VOCAB: &[&str] = &[
-        "alpha",
-        "parser",
-        "token",
-        "buffer",
-        "socket",
-        "retry",
-        "handler",
-        "config",
-        "stream",
-        "window",
-        "checkpoint",
-        "summary",
-        "vector",
-        "index",
-    ];
-    (0..words)
-        .map(|i| VOCAB[(seed * 7 + i * 13) % VOCAB.len()])
-        .collect::<Vec<_>>()
-        .join(" ")
 }
 
 /// An agent session: the messages a client keeps and resends in full.
