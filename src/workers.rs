@@ -2,7 +2,7 @@
 //! with a listening socket of its own on the same address (`SO_REUSEPORT`), so that the kernel
 //! spreads new connections over them and a connection is served where it was accepted.
 //!
-//! On a machine of two CPUs this served 39 % more requests a second than one multi-threaded
+//! On a machine of two CPUs this served 35–37 % more requests a second than one multi-threaded
 //! runtime with two workers, which wakes the other thread for much of what a request does
 //! (benches/results/2026-12-06-workers.md). What the runtimes share is the application's state
 //! (the engine and its store, the limits, the metrics); each has its own connection pools to

@@ -171,8 +171,18 @@ const OUTCOME_HEADERS_AT_MOST: usize = 12;
 /// `duration` in milliseconds with three decimals (`0.046`), rounded to the microsecond. Written
 /// from integers, sparing every request a float's formatting.
 fn milliseconds_to_the_microsecond(duration: Duration) -> HeaderValue {
-    let micros = (duration.as_nanos() + 500) / 1000;
-    let text = format!("{}.{:03}", micros / 1000, micros % 1000);
+    // In 64 bits (584,000 years of microseconds), spared the 128-bit division and formatting.
+    let micros = duration
+        .as_secs()
+        .saturating_mul(1_000_000)
+        .saturating_add(u64::from((duration.subsec_nanos() + 500) / 1000));
+    let mut text = String::with_capacity(24);
+    text.push_str(itoa::Buffer::new().format(micros / 1000));
+    text.push('.');
+    let fraction = micros % 1000;
+    for digit in [fraction / 100, fraction / 10 % 10, fraction % 10] {
+        text.push(char::from(b'0' + digit as u8));
+    }
     HeaderValue::try_from(text).unwrap_or(HeaderValue::from_static("0.000"))
 }
 
