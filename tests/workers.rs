@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::{compactor_command, hold_connections, start_mock};
 use serde_json::{json, Value};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
 /// The binary serving on `workers` runtimes, and what it has logged so far.
