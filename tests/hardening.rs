@@ -13,7 +13,9 @@ use axum::Router;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use common::{client, compactor_command, config, hold_connections, start_mock, start_proxy};
+use common::{
+    client, compactor_command, config, hold_connections, read_until_quiet, start_mock, start_proxy,
+};
 
 /// Sends `head` (a request line and headers, without the blank line) on a fresh connection and
 /// returns everything the proxy answers before it closes (or goes quiet for five seconds).
@@ -27,18 +29,6 @@ async fn raw_with_body(addr: SocketAddr, head: &str, body: &str) -> String {
     let request = format!("{head}\r\nhost: {addr}\r\nconnection: close\r\n\r\n{body}");
     stream.write_all(request.as_bytes()).await.unwrap();
     read_until_quiet(&mut stream, Duration::from_secs(5)).await
-}
-
-async fn read_until_quiet(stream: &mut TcpStream, quiet: Duration) -> String {
-    let mut out = Vec::new();
-    let mut buf = [0u8; 4096];
-    while let Ok(Ok(n)) = tokio::time::timeout(quiet, stream.read(&mut buf)).await {
-        if n == 0 {
-            break;
-        }
-        out.extend_from_slice(&buf[..n]);
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 fn status_of(response: &str) -> u16 {

@@ -401,16 +401,8 @@ async fn raw_exchange(addr: std::net::SocketAddr, requests: &[u8]) -> Vec<(u16, 
     let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
     // The proxy may answer and close before it has read everything; that is not a failure.
     let _ = stream.write_all(requests).await;
-    let mut out = Vec::new();
-    let mut buf = [0u8; 8192];
-    while let Ok(Ok(n)) = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf)).await
-    {
-        if n == 0 {
-            break;
-        }
-        out.extend_from_slice(&buf[..n]);
-    }
-    split_answers(&String::from_utf8_lossy(&out))
+    let answers = common::read_until_quiet(&mut stream, Duration::from_secs(5)).await;
+    split_answers(&answers)
 }
 
 /// Splits a stream of HTTP/1.1 answers with `content-length` framing into (status, body).

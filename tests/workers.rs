@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{compactor_command, hold_connections, start_mock};
+use common::{compactor_command, hold_connections, read_until_quiet, start_mock};
 use serde_json::{json, Value};
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
@@ -106,20 +106,6 @@ fn chat(stream: bool) -> Value {
            "messages": [{"role": "user", "content": "Say hello."}]})
 }
 
-/// What a connection receives until it is closed or quiet for a second.
-async fn answer_on(stream: &mut TcpStream) -> String {
-    let mut got = Vec::new();
-    let mut buf = [0u8; 1024];
-    while let Ok(Ok(n)) = tokio::time::timeout(Duration::from_secs(1), stream.read(&mut buf)).await
-    {
-        if n == 0 {
-            break;
-        }
-        got.extend_from_slice(&buf[..n]);
-    }
-    String::from_utf8_lossy(&got).into_owned()
-}
-
 #[tokio::test]
 async fn every_worker_serves_the_one_port_within_one_connection_cap() {
     let mock = start_mock().await;
@@ -150,7 +136,7 @@ async fn every_worker_serves_the_one_port_within_one_connection_cap() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     for i in 0..8 {
         let mut stream = TcpStream::connect(proxy.addr).await.unwrap();
-        let answer = answer_on(&mut stream).await;
+        let answer = read_until_quiet(&mut stream, Duration::from_secs(1)).await;
         assert!(
             answer.starts_with("HTTP/1.1 503"),
             "connection {i}: {answer:?}"

@@ -587,6 +587,20 @@ pub async fn hold_connections(addr: SocketAddr, n: usize) -> Vec<tokio::net::Tcp
     held
 }
 
+/// What `stream` receives until the peer closes it or it is quiet for `quiet`, as text.
+pub async fn read_until_quiet(stream: &mut tokio::net::TcpStream, quiet: Duration) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut out = Vec::new();
+    let mut buf = [0u8; 8192];
+    while let Ok(Ok(n)) = tokio::time::timeout(quiet, stream.read(&mut buf)).await {
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// `GET url` with an optional `Authorization` value: the status and the body as text.
 pub async fn get(url: &str, auth: Option<&str>) -> (u16, String) {
     let mut request = client().get(url);
