@@ -71,7 +71,7 @@ async fn the_crossing_request_uses_the_ready_summary_without_waiting() {
             background_seen = true;
             assert!(!compacted, "the summary started ahead of the window");
             // The agent works for a while; the summary finishes meanwhile.
-            tokio::time::sleep(Duration::from_millis(SUMMARY_MS + 500)).await;
+            proxy.app.engine.background_settled().await;
         }
         if compacted {
             assert!(background_seen);
@@ -128,7 +128,7 @@ async fn an_edited_history_ignores_the_ready_checkpoint() {
         send(&proxy, &messages).await;
         t += 1;
     }
-    tokio::time::sleep(Duration::from_millis(SUMMARY_MS + 500)).await;
+    proxy.app.engine.background_settled().await;
     // The client rewrites an early assistant message, then continues past the window.
     messages[2]["content"] = json!("An edited answer.");
     let before = mock.summaries().len();
@@ -224,7 +224,7 @@ async fn a_clearing_over_the_ready_summary_counts_it_as_used() {
         turn(&mut messages, t);
         t += 1;
         let (headers, _) = send(&proxy, &messages).await;
-        tokio::time::sleep(Duration::from_millis(150)).await;
+        proxy.app.engine.background_settled().await;
         if headers.get("x-compactor-compacted").unwrap() == "true" {
             assert_eq!(headers.get("x-compactor-ready-checkpoint").unwrap(), "true");
             break headers.get("x-compactor-checkpoint").unwrap().clone();

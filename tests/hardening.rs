@@ -156,6 +156,8 @@ async fn upstream_redirects_are_passed_back_not_followed() {
 struct Served {
     child: std::process::Child,
     log: Arc<Mutex<String>>,
+    /// The thread reading the log: it ends when the process closes its stderr.
+    reader: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Served {
@@ -177,7 +179,7 @@ impl Served {
         let log = Arc::new(Mutex::new(String::new()));
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let sink = log.clone();
-        std::thread::spawn(move || {
+        let reader = std::thread::spawn(move || {
             for line in std::io::BufReader::new(stderr).lines() {
                 let Ok(line) = line else { break };
                 {
@@ -191,22 +193,46 @@ impl Served {
             }
         });
         let ready = ready_rx.recv_timeout(Duration::from_secs(20));
-        let served = Served { child, log };
+        let served = Served {
+            child,
+            log,
+            reader: Some(reader),
+        };
         assert!(ready.is_ok(), "not listening: {}", served.log());
         served
     }
 
-    /// Starts `compactor serve` on a free port in front of `upstream`; returns it and its
-    /// address.
+    /// Starts `compactor serve` on a port the system picks, in front of `upstream`; returns it
+    /// and the address its listening line names.
     fn in_front_of(upstream: &str, env: &[(&str, &str)]) -> (Served, String) {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let listen = format!("127.0.0.1:{port}");
-        let served = Served::start(&["--listen", &listen, "--upstream", upstream], env);
+        let served = Served::start(&["--listen", "127.0.0.1:0", "--upstream", upstream], env);
+        let log = served.log();
+        let listen = log
+            .lines()
+            .find(|l| l.contains("Compactor is listening"))
+            .and_then(|line| {
+                line.split_whitespace()
+                    .find_map(|w| w.strip_prefix("listen="))
+            })
+            .unwrap_or_else(|| panic!("no address in the listening line: {log}"))
+            .to_string();
         (served, listen)
+    }
+
+    /// Stops the process as an operator would (SIGTERM, so it drains and flushes its log) and
+    /// returns the whole log, read to its end.
+    fn stopped_log(mut self) -> String {
+        let stopped = std::process::Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(stopped.success());
+        let exit = self.child.wait().unwrap();
+        assert!(exit.success(), "{exit}: {}", self.log());
+        if let Some(reader) = self.reader.take() {
+            reader.join().unwrap();
+        }
+        self.log()
     }
 
     fn log(&self) -> String {
@@ -379,10 +405,10 @@ async fn a_log_filter_leaves_out_the_served_request_line() {
         let body = r#"{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}"#;
         post_chat(&listen, &[], body.to_string()).await;
     }
-    // Past the log's gathering time (20 ms): a line would have been written by now.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let log = served.log();
+    // Everything it logged, flushed at the stop.
+    let log = served.stopped_log();
     assert!(log.contains("Compactor is listening"), "{log}");
+    assert!(log.contains("Shutting down"), "{log}");
     assert!(!log.contains("Served a"), "{log}");
 }
 
