@@ -59,7 +59,9 @@ impl Engine {
                     .compact(&conversation, base.as_ref(), Trigger::AheadOfTime, started)
                     .await
                 {
-                    Ok(_) => engine.count_compaction(Trigger::AheadOfTime),
+                    // Only a summary this task wrote; not one it found, or waited for.
+                    Ok((_, true)) => engine.count_compaction(Trigger::AheadOfTime),
+                    Ok((_, false)) => {}
                     Err(e) => tracing::info!(
                         reason = %e,
                         cause = %super::summarizer::with_causes(&e),

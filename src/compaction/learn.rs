@@ -336,7 +336,7 @@ impl Engine {
         // Recorded in steps, not on every turn of a growing conversation (each is a write).
         if facts
             .accepted_prompt
-            .is_none_or(|a| prompt_tokens > a + a / ACCEPTED_STEP)
+            .is_none_or(|a| prompt_tokens > a.saturating_add(a / ACCEPTED_STEP))
         {
             facts.accepted_prompt = Some(prompt_tokens);
             facts.accepted_ms = Some(now);

@@ -22,6 +22,11 @@ use super::{Engine, Mode, Status, SummaryError, Trigger};
 /// How often a request waiting for another's summary looks for the result.
 const WAIT_POLL: Duration = Duration::from_millis(40);
 
+/// Conversations whose unproductive compactions are remembered at once, at most before those
+/// whose backoff has passed are forgotten: a conversation that failed and was never seen again
+/// would otherwise stay for the life of the process.
+const UNPRODUCTIVE_REMEMBERED: usize = 10_000;
+
 /// A lease holder names the job: who, which attempt, and the prefix it summarizes.
 fn holder_name(replica: &str, attempt: u64, covered: usize, prefix: &str) -> String {
     format!("{replica}.{attempt}/{covered}/{prefix}")
@@ -261,6 +266,7 @@ impl Engine {
             return;
         }
         let now = Instant::now();
+        forget_passed_backoffs(&self.unproductive, &anchor, now);
         let mut state = self.unproductive.entry(anchor).or_insert(Unproductive {
             in_a_row: 0,
             retry_at: now,
@@ -278,6 +284,18 @@ impl Engine {
         let base = self.config.retry_backoff_base_ms;
         let wait = base.saturating_mul(1u64.checked_shl(beyond).unwrap_or(u64::MAX));
         Duration::from_millis(wait.min(self.config.retry_backoff_max_ms))
+    }
+}
+
+/// Before `anchor` is added to a full `unproductive`: forgets the conversations whose backoff
+/// has passed (one seen again starts counting anew).
+fn forget_passed_backoffs(
+    unproductive: &dashmap::DashMap<Hash, Unproductive>,
+    anchor: &Hash,
+    now: Instant,
+) {
+    if unproductive.len() >= UNPRODUCTIVE_REMEMBERED && !unproductive.contains_key(anchor) {
+        unproductive.retain(|_, state| state.retry_at > now);
     }
 }
 
@@ -323,5 +341,37 @@ mod tests {
         let h = holder_name("r1", 7, 12, "abcd");
         assert_eq!(holder_job(&h), Some((12, "abcd")));
         assert_eq!(holder_job("garbage"), None);
+    }
+
+    #[test]
+    fn a_full_memory_of_failures_forgets_only_the_passed_backoffs() {
+        let now = Instant::now();
+        let map = dashmap::DashMap::new();
+        for i in 0..UNPRODUCTIVE_REMEMBERED as u32 {
+            let mut anchor = [0u8; 32];
+            anchor[..4].copy_from_slice(&i.to_le_bytes());
+            let retry_at = if i % 2 == 0 {
+                now - Duration::from_millis(1)
+            } else {
+                now + Duration::from_secs(60)
+            };
+            map.insert(
+                anchor,
+                Unproductive {
+                    in_a_row: 3,
+                    retry_at,
+                },
+            );
+        }
+        let known = [0u8; 32];
+        forget_passed_backoffs(&map, &known, now);
+        assert_eq!(
+            map.len(),
+            UNPRODUCTIVE_REMEMBERED,
+            "a known one is updated in place"
+        );
+        forget_passed_backoffs(&map, &[9u8; 32], now);
+        assert_eq!(map.len(), UNPRODUCTIVE_REMEMBERED / 2);
+        assert!(map.iter().all(|entry| entry.retry_at > now));
     }
 }

@@ -82,7 +82,7 @@ impl Direct {
 
 /// Serves `request` on `route`, as the router would.
 pub async fn serve(app: Arc<App>, route: Direct, request: Request) -> Response {
-    guarded(app, request, move |app, tenant, request| {
+    guarded(app, route.path(), request, move |app, tenant, request| {
         route.handle(app, tenant, request)
     })
     .await
@@ -90,14 +90,14 @@ pub async fn serve(app: Arc<App>, route: Direct, request: Request) -> Response {
 
 /// Runs `handler` as the router's layers would: with the request's tenant (401 for an unknown
 /// gateway key), inside the span that names it, and answering 500 if it panics.
-async fn guarded<H, F>(app: Arc<App>, mut request: Request, handler: H) -> Response
+async fn guarded<H, F>(app: Arc<App>, path: &str, mut request: Request, handler: H) -> Response
 where
     H: FnOnce(State<Arc<App>>, Extension<Tenant>, Request) -> F,
     F: Future<Output = Response>,
 {
     let handled = AssertUnwindSafe(async move {
         let Ok((tenant, span)) = tenant::resolve(&app, &mut request) else {
-            return tenant::unauthorized(request.uri().path());
+            return tenant::unauthorized(path);
         };
         handler(State(app), Extension(tenant), request)
             .instrument(span)
@@ -106,7 +106,7 @@ where
     handled
         .catch_unwind()
         .await
-        .unwrap_or_else(error::panic_response)
+        .unwrap_or_else(|_| error::panic_response(path))
 }
 
 #[cfg(test)]
@@ -125,10 +125,15 @@ mod tests {
             .header("x-api-key", credential)
             .body(axum::body::Body::empty())
             .unwrap();
-        let response = guarded(app, request, |_, Extension(tenant), _| async move {
-            assert!(!handler_panics, "the handler failed");
-            Response::new(tenant.name.as_deref().unwrap_or("-").to_string().into())
-        })
+        let response = guarded(
+            app,
+            "/v1/messages",
+            request,
+            |_, Extension(tenant), _| async move {
+                assert!(!handler_panics, "the handler failed");
+                Response::new(tenant.name.as_deref().unwrap_or("-").to_string().into())
+            },
+        )
         .await;
         let status = response.status().as_u16();
         let body = axum::body::to_bytes(response.into_body(), 1 << 16)
@@ -148,10 +153,15 @@ mod tests {
         let (status, body) = answer(Some(&keys), "sk-bob", false).await;
         assert_eq!(status, 401);
         assert!(body.contains("authentication_error"), "{body}");
-        // A handler that panics: 500 with an error body, not a dropped connection.
+        // A handler that panics: 500 with an error body in the path's client's shape, not a
+        // dropped connection.
         let (status, body) = answer(None, "k", true).await;
         assert_eq!(status, 500);
-        assert!(body.contains("internal error"), "{body}");
+        let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(body["type"], "error", "{body}");
+        assert!(body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("internal error")));
     }
 
     /// The router serves the same table: a POST reaches the compacting handler (a body that is

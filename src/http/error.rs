@@ -1,6 +1,8 @@
-//! The proxy's own errors, each with its status, written in the OpenAI error shape
-//! `{"error": {"message", "type", "param", "code"}}`. Upstream errors never pass through here:
-//! they are forwarded verbatim.
+//! The proxy's own errors, each with its status, written in the shape of the client's API:
+//! OpenAI's `{"error": {"message", "type", "param", "code"}}` by default, Anthropic's
+//! `{"type": "error", "error": {…}}` on `/v1/messages` ([`ApiError::for_path`],
+//! [`ApiError::into_response_in`]). An upstream's own error answers are forwarded verbatim; only
+//! failures to reach it ([`crate::upstream::UpstreamError`]) become errors here.
 
 use axum::response::{IntoResponse, Response};
 use http::StatusCode;
@@ -131,6 +133,16 @@ impl ApiError {
         self.respond_with(body)
     }
 
+    /// The response in the error shape of the API `path` belongs to: Anthropic's on
+    /// `/v1/messages` and below, OpenAI's elsewhere.
+    pub fn for_path(self, path: &str) -> Response {
+        if path.starts_with("/v1/messages") {
+            self.into_response_in(&crate::dialect::anthropic::Messages)
+        } else {
+            self.into_response()
+        }
+    }
+
     fn respond_with(self, body: serde_json::Value) -> Response {
         let mut response = (self.status(), axum::Json(body)).into_response();
         response
@@ -186,10 +198,24 @@ impl From<crate::upstream::UpstreamError> for ApiError {
     }
 }
 
-/// The answer to a handler panic: a 500 in the same shape, nothing of the panic's text.
-pub fn panic_response(_panic: Box<dyn std::any::Any + Send + 'static>) -> Response {
+/// The answer to a handler panic on `path`: a 500 in its client's shape, nothing of the
+/// panic's text.
+pub fn panic_response(path: &str) -> Response {
     tracing::error!("A request handler panicked.");
-    ApiError::Internal("internal error in the proxy".into()).into_response()
+    ApiError::Internal("internal error in the proxy".into()).for_path(path)
+}
+
+/// The router's panic guard: a handler that panics is answered [`panic_response`] for its path.
+pub async fn guard_panics(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    use futures::FutureExt;
+    let path = request.uri().path().to_string();
+    std::panic::AssertUnwindSafe(next.run(request))
+        .catch_unwind()
+        .await
+        .unwrap_or_else(|_| panic_response(&path))
 }
 
 #[cfg(test)]
@@ -198,17 +224,17 @@ mod tests {
     use axum::routing::get;
     use tower::ServiceExt;
 
-    #[tokio::test]
-    async fn a_panicking_handler_answers_500_in_the_openai_shape() {
+    /// The body a router with a panicking handler at `path` answers, after checking its status.
+    async fn panicked_at(path: &str) -> serde_json::Value {
         async fn boom() -> &'static str {
             panic!("handler bug")
         }
-        let app = axum::Router::new().route("/", get(boom)).layer(
-            tower_http::catch_panic::CatchPanicLayer::custom(panic_response),
-        );
+        let app = axum::Router::new()
+            .route(path, get(boom))
+            .layer(axum::middleware::from_fn(guard_panics));
         let response = app
             .oneshot(
-                http::Request::get("/")
+                http::Request::get(path)
                     .body(axum::body::Body::empty())
                     .unwrap(),
             )
@@ -219,10 +245,17 @@ mod tests {
             .await
             .unwrap();
         let value: serde_json::Value = serde_json::from_slice(&body).unwrap();
-        assert_eq!(value["error"]["type"], "server_error");
-        assert!(!value["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("handler bug"));
+        assert!(!value.to_string().contains("handler bug"), "{value}");
+        value
+    }
+
+    #[tokio::test]
+    async fn a_panicking_handler_answers_500_in_its_clients_shape() {
+        let openai = panicked_at("/v1/models").await;
+        assert_eq!(openai["error"]["type"], "server_error");
+        assert!(openai.get("type").is_none(), "{openai}");
+        let anthropic = panicked_at("/v1/messages/batches").await;
+        assert_eq!(anthropic["type"], "error");
+        assert_eq!(anthropic["error"]["type"], "api_error");
     }
 }

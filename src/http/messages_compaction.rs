@@ -149,7 +149,8 @@ async fn expand(
         return Err(refused(
             refusal::BLOCK_MISPLACED,
             format!(
-                "messages.{}.content.{}: a compaction block must open the first message, or                  the assistant message it was answered in",
+                "messages.{}.content.{}: a compaction block must open the first message, or \
+                 the assistant message it was answered in",
                 block.message, block.block
             ),
         ));

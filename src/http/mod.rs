@@ -98,8 +98,6 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/compactor/ui/app.css", get(ui::style))
         .fallback(status::not_found)
         .method_not_allowed_fallback(status::method_not_allowed)
-        .layer(tower_http::catch_panic::CatchPanicLayer::custom(
-            error::panic_response,
-        ))
+        .layer(axum::middleware::from_fn(error::guard_panics))
         .with_state(app)
 }

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use axum::body::Body;
 use axum::extract::State;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use http::{HeaderMap, Method, Uri};
 
 use super::app::App;
@@ -27,7 +27,7 @@ pub(super) async fn passthrough(
     let started = Instant::now();
     let response = match passthrough_inner(&app, method.clone(), &uri, &headers, body).await {
         Ok(r) => r,
-        Err(e) => e.into_response(),
+        Err(e) => e.for_path(uri.path()),
     };
     app.count_request(Route::Passthrough, &response);
     tracing::info!(

@@ -328,7 +328,7 @@ pub fn applied_edits(applied: &[AppliedEdit]) -> Value {
 /// The `context_management` object of a `count_tokens` answer: the count before the edits.
 pub fn counted_before_edits(input_tokens: u64, applied: &[AppliedEdit]) -> Value {
     let cleared: u64 = applied.iter().map(AppliedEdit::cleared_input_tokens).sum();
-    json!({ "original_input_tokens": input_tokens + cleared })
+    json!({ "original_input_tokens": input_tokens.saturating_add(cleared) })
 }
 
 /// The beta flags of the features the proxy serves itself when it emulates context

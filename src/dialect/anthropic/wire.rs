@@ -90,7 +90,7 @@ pub fn continuation_request(request: &SummaryRequest<'_>) -> Option<Value> {
     match thinking.get("type").and_then(Value::as_str) {
         Some("enabled") => {
             let budget = thinking["budget_tokens"].as_u64().unwrap_or(0);
-            body["max_tokens"] = (budget + request.max_tokens).into();
+            body["max_tokens"] = budget.saturating_add(request.max_tokens).into();
         }
         Some("adaptive") => {
             body["max_tokens"] = asked.unwrap_or(0).max(request.max_tokens).into();
@@ -132,8 +132,8 @@ pub fn prompt_tokens(usage: &Value) -> Option<u64> {
     let input = field("input_tokens")?;
     Some(
         input
-            + field("cache_creation_input_tokens").unwrap_or(0)
-            + field("cache_read_input_tokens").unwrap_or(0),
+            .saturating_add(field("cache_creation_input_tokens").unwrap_or(0))
+            .saturating_add(field("cache_read_input_tokens").unwrap_or(0)),
     )
 }
 

@@ -153,16 +153,16 @@ pub fn stream_event_with_item(data: &Value, item: &Value) -> Vec<Value> {
         ];
         let mut events = vec![event];
         for (n, mut extra) in added.into_iter().enumerate() {
-            extra["sequence_number"] = Value::from(base + 1 + n as u64);
+            extra["sequence_number"] = Value::from(base.saturating_add(1 + n as u64));
             events.push(extra);
         }
         return events;
     }
     if let Some(n) = sequence {
-        event["sequence_number"] = Value::from(n + ADDED_EVENTS);
+        event["sequence_number"] = Value::from(n.saturating_add(ADDED_EVENTS));
     }
     if let Some(n) = event.get("output_index").and_then(Value::as_u64) {
-        event["output_index"] = Value::from(n + 1);
+        event["output_index"] = Value::from(n.saturating_add(1));
     }
     if let Some(Value::Array(output)) = event.get_mut("response").and_then(|r| r.get_mut("output"))
     {

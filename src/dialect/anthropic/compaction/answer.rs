@@ -138,9 +138,11 @@ impl BlockFirst {
         let content = splice::to_raw(&Value::Array(
             std::iter::once(block).chain(content).collect(),
         ));
+        // A provider's `usage` that is not an object is replaced: fields cannot be set on it.
         let mut usage: Value = fields
             .get("usage")
             .and_then(|u| serde_json::from_str(u.get()).ok())
+            .filter(Value::is_object)
             .unwrap_or_else(|| json!({}));
         usage["iterations"] = self.iterations(&usage);
         let usage = splice::to_raw(&usage);
@@ -166,7 +168,10 @@ impl BlockFirst {
         let mut event = data.clone();
         match event.get("type").and_then(Value::as_str).unwrap_or("") {
             "message_start" => {
-                self.prompt = event.pointer("/message/usage").cloned();
+                self.prompt = event
+                    .pointer("/message/usage")
+                    .filter(|usage| usage.is_object())
+                    .cloned();
                 let mut events = vec![event];
                 events.extend(block_events(0, &self.summary, &self.signature));
                 return events;
@@ -188,7 +193,7 @@ impl BlockFirst {
             }
             _ => {
                 if let Some(n) = event.get("index").and_then(Value::as_u64) {
-                    event["index"] = Value::from(n + 1);
+                    event["index"] = Value::from(n.saturating_add(1));
                 }
             }
         }
@@ -233,6 +238,27 @@ mod tests {
         assert_eq!(steps[1]["input_tokens"], 120);
         assert_eq!(steps[1]["cache_read_input_tokens"], 3);
         assert!(issued().first_in_answer().whole(b"[1]").is_none());
+    }
+
+    #[test]
+    fn a_usage_that_is_not_an_object_is_replaced_not_indexed() {
+        for usage in [json!(5), json!("x"), json!([1]), json!(null)] {
+            let answer = json!({"type": "message", "content": [], "usage": usage});
+            let out = issued()
+                .first_in_answer()
+                .whole(answer.to_string().as_bytes())
+                .unwrap();
+            let out: Value = serde_json::from_slice(&out).unwrap();
+            assert_eq!(
+                out["usage"]["iterations"][0]["type"], "compaction",
+                "{usage}"
+            );
+
+            let mut stream = issued().first_in_answer();
+            stream.event(&json!({"type": "message_start", "message": {"usage": usage}}));
+            let delta = stream.event(&json!({"type": "message_delta", "usage": usage}));
+            assert_eq!(delta[0]["usage"]["iterations"][0]["type"], "compaction");
+        }
     }
 
     #[test]
