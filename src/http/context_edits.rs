@@ -164,7 +164,7 @@ pub(super) fn map_events(
                 Some(Ok(chunk)) => {
                     reading.pending.extend_from_slice(&chunk);
                     let mut out = Vec::new();
-                    while let Some(end) = event_end(&reading.pending) {
+                    while let Some(end) = super::stream::find_event_end(&reading.pending) {
                         let event = reading.pending.split_to(end);
                         out.extend_from_slice(&(reading.rewrite)(&event));
                     }
@@ -189,19 +189,6 @@ pub(super) fn map_events(
         }
     })
     .boxed()
-}
-
-/// The end (exclusive) of the first complete SSE event.
-fn event_end(buffer: &[u8]) -> Option<usize> {
-    let lf = buffer.windows(2).position(|w| w == b"\n\n").map(|p| p + 2);
-    let crlf = buffer
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .map(|p| p + 4);
-    match (lf, crlf) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    }
 }
 
 /// One event, with `context_management` in its data when it is a `message_delta`.

@@ -230,7 +230,10 @@ impl hyper::body::Body for HeldOpen {
 
 /// Budget held by one buffered body; returned when dropped, so it is kept for as long as the
 /// request's parsed form lives.
-pub struct BodyBudget(#[allow(dead_code)] Option<OwnedSemaphorePermit>);
+pub struct BodyBudget {
+    /// Never read: held for its drop, which returns the bytes to the budget.
+    _permit: Option<OwnedSemaphorePermit>,
+}
 
 impl Limits {
     pub fn new(
@@ -316,7 +319,7 @@ impl Limits {
             Ok(result) => result?,
             Err(_) => return Err(self.timed_out()),
         }
-        Ok((Bytes::from(collected), BodyBudget(budget)))
+        Ok((Bytes::from(collected), BodyBudget { _permit: budget }))
     }
 
     /// Adds `bytes` to a body's reservation, or refuses the request when the budget is spent.

@@ -133,7 +133,7 @@ fn memchr_usage(chunk: &[u8]) -> bool {
 }
 
 /// The end (exclusive, including the blank line) of the first complete SSE event.
-fn find_event_end(buffer: &[u8]) -> Option<usize> {
+pub(super) fn find_event_end(buffer: &[u8]) -> Option<usize> {
     let lf = buffer.windows(2).position(|w| w == b"\n\n").map(|p| p + 2);
     let crlf = buffer
         .windows(4)

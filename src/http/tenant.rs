@@ -46,7 +46,9 @@ impl Tenant {
                 anonymous = false;
                 seed.update(name.as_str().as_bytes());
                 seed.update(b": ");
-                seed.update(String::from_utf8_lossy(value.as_bytes()).as_bytes());
+                // The bytes as sent: credentials that differ only in bytes that are not
+                // UTF-8 are different tenants.
+                seed.update(value.as_bytes());
             }
         }
         Tenant {

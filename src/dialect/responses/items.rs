@@ -127,7 +127,10 @@ pub fn roles(items: &[Arc<Item>]) -> Vec<Role> {
 /// them), and a message's string content the same as one text part of that string.
 pub fn canonical(raw: &RawValue) -> Value {
     let Ok(Value::Object(mut map)) = serde_json::from_str::<Value>(raw.get()) else {
-        return serde_json::from_str(raw.get()).unwrap_or(Value::Null);
+        // An item serde cannot read as a value (a lone surrogate escape, a number out of
+        // range) is known by its text: such items must not all look alike to the hash chain.
+        return serde_json::from_str(raw.get())
+            .unwrap_or_else(|_| Value::Array(vec![Value::Null, Value::from(raw.get())]));
     };
     map.remove("id");
     map.remove("status");
@@ -244,6 +247,17 @@ mod tests {
         {"type":"message","role":"assistant","content":[{"type":"output_text","text":"done"}]},
         {"type":"message","role":"user","content":"next"}
     ]"#;
+
+    #[test]
+    fn items_serde_cannot_read_as_values_do_not_all_look_alike() {
+        let raw = |text: &str| RawValue::from_string(text.to_string()).unwrap();
+        let surrogate = canonical(&raw(r#"{"type":"message","content":"\ud800"}"#));
+        let too_large = canonical(&raw(r#"{"type":"message","content":1e400}"#));
+        let other_large = canonical(&raw(r#"{"type":"message","content":2e400}"#));
+        assert_ne!(surrogate, too_large);
+        assert_ne!(too_large, other_large);
+        assert_ne!(too_large, Value::Null);
+    }
 
     #[test]
     fn parallel_calls_and_reasoning_stay_with_their_step() {
