@@ -191,11 +191,8 @@ fn tool_step(messages: &mut Vec<Value>, t: usize) {
         "content": format!("fn m{t}() {{}} {}", "data ".repeat(250))}));
 }
 
-fn ready_used(metrics: &str) -> u64 {
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("compactor_ready_checkpoints_used_total "))
-        .map_or(0, |v| v.trim().parse().unwrap())
+fn ready_used(metrics: &str) -> f64 {
+    common::metric(metrics, "compactor_ready_checkpoints_used_total").unwrap_or(0.0)
 }
 
 #[tokio::test]
@@ -249,7 +246,7 @@ async fn a_clearing_over_the_ready_summary_counts_it_as_used() {
             "step {t} waited {elapsed:?}"
         );
         // Every request the ready summary served is counted, the clearing's too.
-        assert_eq!(ready_used(&metrics().await), used_before + 1, "step {t}");
+        assert_eq!(ready_used(&metrics().await), used_before + 1.0, "step {t}");
         let id = headers.get("x-compactor-checkpoint").unwrap().clone();
         if id != ready_id {
             break id;

@@ -156,12 +156,8 @@ async fn a_chat_templates_fixed_overhead_is_added_not_multiplied() {
     let (status, metrics) = common::get(&format!("{}/metrics", proxy.url()), None).await;
     assert_eq!(status, 200);
     let value = |name: &str| -> f64 {
-        let prefix = format!("{name}{{model=\"qwen-local\"}} ");
-        let line = metrics
-            .lines()
-            .find(|l| l.starts_with(&prefix))
-            .unwrap_or_else(|| panic!("no {prefix} in\n{metrics}"));
-        line[prefix.len()..].parse().unwrap()
+        let series = format!("{name}{{model=\"qwen-local\"}}");
+        common::metric(&metrics, &series).unwrap_or_else(|| panic!("no {series} in\n{metrics}"))
     };
     assert_eq!(value("compactor_model_correction_factor"), 1.0);
     let overhead = value("compactor_model_correction_overhead_tokens");

@@ -66,17 +66,6 @@ fn request(messages: &[Value]) -> Value {
     json!({"model": MODEL, "max_tokens": 256, "system": "be brief", "messages": messages})
 }
 
-/// The raw JSON text of each message in a forwarded body, in order.
-fn raw_messages(received: &Received) -> Vec<String> {
-    #[derive(serde::Deserialize)]
-    struct Body<'a> {
-        #[serde(borrow)]
-        messages: Vec<&'a serde_json::value::RawValue>,
-    }
-    let body: Body = serde_json::from_slice(&received.body).unwrap();
-    body.messages.iter().map(|m| m.get().to_string()).collect()
-}
-
 /// The text of the tool result of step `t` in a forwarded body.
 fn result_text(body: &Value, t: usize) -> String {
     let content = &body["messages"][2 + 2 * t]["content"][0]["content"];
@@ -134,7 +123,7 @@ async fn old_tool_results_are_cleared_instead_of_summarized_and_stay_cleared() {
     assert_eq!(reply.status, 200, "{}", reply.body);
     assert!(mock.summaries().is_empty(), "still no summary");
     let all = mock.forwarded();
-    let (before, after) = (raw_messages(&all[0]), raw_messages(&all[1]));
+    let (before, after) = (all[0].raw_messages(), all[1].raw_messages());
     assert_eq!(after[..before.len()], before[..], "byte-stable prefix");
     assert_eq!(after.len(), before.len() + 2);
 }
@@ -167,7 +156,7 @@ async fn another_replica_on_the_same_store_clears_the_same_way() {
     }));
     assert_eq!(post(&two, "sk-a", &request(&messages)).await.status, 200);
     let all = mock.forwarded();
-    let (before, after) = (raw_messages(&all[0]), raw_messages(&all[1]));
+    let (before, after) = (all[0].raw_messages(), all[1].raw_messages());
     assert!(before.iter().any(|m| m.contains("cleared to save context")));
     assert_eq!(after[..before.len()], before[..]);
     assert!(mock.summaries().is_empty());

@@ -13,6 +13,7 @@ use axum::Router;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+use common::served::Served;
 use common::{
     client, compactor_command, config, hold_connections, read_until_quiet, start_mock, start_proxy,
 };
@@ -152,102 +153,11 @@ async fn upstream_redirects_are_passed_back_not_followed() {
 // Secrets and log injection
 // ---------------------------------------------------------------------------------------------
 
-/// A `compactor serve` process whose log (stderr) is collected as it runs.
-struct Served {
-    child: std::process::Child,
-    log: Arc<Mutex<String>>,
-    /// The thread reading the log: it ends when the process closes its stderr.
-    reader: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Served {
-    /// Starts `compactor serve` with `args` and `env` and waits until it is listening.
-    fn start(args: &[&str], env: &[(&str, &str)]) -> Served {
-        use std::io::BufRead;
-        let mut command = compactor_command();
-        command
-            .arg("serve")
-            .args(["--store", "memory"])
-            .args(args)
-            .stderr(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::null());
-        for (name, value) in env {
-            command.env(name, value);
-        }
-        let mut child = command.spawn().unwrap();
-        let stderr = child.stderr.take().unwrap();
-        let log = Arc::new(Mutex::new(String::new()));
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        let sink = log.clone();
-        let reader = std::thread::spawn(move || {
-            for line in std::io::BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                {
-                    let mut log = sink.lock().unwrap();
-                    log.push_str(&line);
-                    log.push('\n');
-                }
-                if line.contains("Compactor is listening") {
-                    let _ = ready_tx.send(());
-                }
-            }
-        });
-        let ready = ready_rx.recv_timeout(Duration::from_secs(20));
-        let served = Served {
-            child,
-            log,
-            reader: Some(reader),
-        };
-        assert!(ready.is_ok(), "not listening: {}", served.log());
-        served
-    }
-
-    /// Starts `compactor serve` on a port the system picks, in front of `upstream`; returns it
-    /// and the address its listening line names.
-    fn in_front_of(upstream: &str, env: &[(&str, &str)]) -> (Served, String) {
-        let served = Served::start(&["--listen", "127.0.0.1:0", "--upstream", upstream], env);
-        let log = served.log();
-        let listen = log
-            .lines()
-            .find(|l| l.contains("Compactor is listening"))
-            .and_then(|line| {
-                line.split_whitespace()
-                    .find_map(|w| w.strip_prefix("listen="))
-            })
-            .unwrap_or_else(|| panic!("no address in the listening line: {log}"))
-            .to_string();
-        (served, listen)
-    }
-
-    /// Stops the process as an operator would (SIGTERM, so it drains and flushes its log) and
-    /// returns the whole log, read to its end.
-    fn stopped_log(mut self) -> String {
-        let stopped = std::process::Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(stopped.success());
-        let exit = self.child.wait().unwrap();
-        assert!(exit.success(), "{exit}: {}", self.log());
-        if let Some(reader) = self.reader.take() {
-            reader.join().unwrap();
-        }
-        self.log()
-    }
-
-    fn log(&self) -> String {
-        self.log.lock().unwrap().clone()
-    }
-
-    /// The log once a line containing `text` is in it (5 s at most).
-    async fn log_with(&self, text: &str) -> String {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-        while !self.log().contains(text) {
-            assert!(tokio::time::Instant::now() < deadline, "{}", self.log());
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        self.log()
-    }
+/// `compactor serve` in front of `upstream`, and the address it listens on.
+fn in_front_of(upstream: &str, env: &[(&str, &str)]) -> (Served, String) {
+    let served = Served::start(&["--upstream", upstream], env);
+    let listen = served.addr.to_string();
+    (served, listen)
 }
 
 /// Sends a chat completion `body` with `headers` to the proxy at `listen`, expects 200 and
@@ -262,13 +172,6 @@ async fn post_chat(listen: &str, headers: &[(&str, &str)], body: String) {
     let response = request.body(body).send().await.unwrap();
     assert_eq!(response.status(), 200);
     response.bytes().await.unwrap();
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// What `compactor serve` logs up to the line that says it is listening.
@@ -327,7 +230,7 @@ fn check_config_and_serve_hide_url_credentials() {
 #[tokio::test]
 async fn a_newline_in_a_client_value_cannot_forge_a_log_line() {
     let mock = start_mock().await;
-    let (served, listen) = Served::in_front_of(&mock.url(), &[]);
+    let (served, listen) = in_front_of(&mock.url(), &[]);
     let forged = "2026-01-01T00:00:00.000000Z  INFO compactor: FORGED";
     let body = serde_json::json!({
         "model": format!("gpt-4o\n{forged}\r\n{forged}"),
@@ -345,7 +248,7 @@ async fn a_newline_in_a_client_value_cannot_forge_a_log_line() {
 async fn a_model_with_spaces_cannot_forge_fields_of_the_served_request_line() {
     let mock = start_mock().await;
     // Plain text, as a log collector reads it (no colour codes between the fields).
-    let (served, listen) = Served::in_front_of(&mock.url(), &[("NO_COLOR", "1")]);
+    let (served, listen) = in_front_of(&mock.url(), &[("NO_COLOR", "1")]);
     let body = serde_json::json!({
         "model": "gpt-4o status=500 compacted=true",
         "messages": [{"role": "user", "content": "hi"}],
@@ -373,7 +276,7 @@ async fn a_named_tenant_s_served_line_carries_its_span() {
         "alice {}",
         compactor::http::gateway_keys::hash_key("sk-alice")
     );
-    let (served, listen) = Served::in_front_of(
+    let (served, listen) = in_front_of(
         &mock.url(),
         &[
             ("COMPACTOR_GATEWAY_KEYS_ENV", "HARDENING_KEYS"),
@@ -400,7 +303,7 @@ async fn a_named_tenant_s_served_line_carries_its_span() {
 async fn a_log_filter_leaves_out_the_served_request_line() {
     let mock = start_mock().await;
     let filter = "info,compactor::http::exchange::closing=warn";
-    let (served, listen) = Served::in_front_of(&mock.url(), &[("COMPACTOR_LOG", filter)]);
+    let (served, listen) = in_front_of(&mock.url(), &[("COMPACTOR_LOG", filter)]);
     for _ in 0..3 {
         let body = r#"{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}"#;
         post_chat(&listen, &[], body.to_string()).await;
@@ -687,7 +590,7 @@ async fn an_error_that_only_quotes_overflow_words_is_passed_on_without_a_retry()
 #[tokio::test]
 async fn the_log_names_each_requests_conversation_and_checkpoint_and_what_a_checkpoint_replaces() {
     let mock = start_mock().await;
-    let (served, listen) = Served::in_front_of(&mock.url(), &[]);
+    let (served, listen) = in_front_of(&mock.url(), &[]);
     let mut messages = vec![serde_json::json!({"role": "system", "content": "be brief"})];
     let mut ids = Vec::new();
     for turn in 0..2 {

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::messages_mock::{self, MessagesMock, Overflow, Received};
+use common::messages_mock::{self, MessagesMock, Overflow};
 use common::{start_proxy, Proxy, Reply};
 use serde_json::{json, Value};
 
@@ -106,17 +106,6 @@ fn cut_problems(body: &Value) -> Vec<String> {
     problems
 }
 
-/// The raw JSON text of each message in a forwarded body, in order.
-fn raw_messages(received: &Received) -> Vec<String> {
-    #[derive(serde::Deserialize)]
-    struct Body<'a> {
-        #[serde(borrow)]
-        messages: Vec<&'a serde_json::value::RawValue>,
-    }
-    let body: Body = serde_json::from_slice(&received.body).unwrap();
-    body.messages.iter().map(|m| m.get().to_string()).collect()
-}
-
 #[tokio::test]
 async fn claude_code_session_replays_with_one_summary_per_checkpoint() {
     let mock = messages_mock::start().await;
@@ -203,7 +192,7 @@ async fn claude_code_session_replays_with_one_summary_per_checkpoint() {
         if checkpoints[n].is_none() || checkpoints[n] != checkpoints[n - 1] {
             continue;
         }
-        let (before, after) = (raw_messages(&forwarded[n - 1]), raw_messages(&forwarded[n]));
+        let (before, after) = (forwarded[n - 1].raw_messages(), forwarded[n].raw_messages());
         let stable = before.len() - 1;
         assert_eq!(
             before[..stable],
@@ -357,7 +346,7 @@ async fn bad_input_gets_a_400_in_anthropics_shape() {
         ),
         (
             r#"{"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": [{"type": "hologram"}]}]}"#,
-            "hologram",
+            "content.0.type: unknown content block type",
         ),
         (
             r#"{"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_9", "content": "x"}]}]}"#,

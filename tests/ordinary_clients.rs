@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use common::served::Served;
 use common::{client, config, start_mock, start_proxy};
 
 /// Asserts the OpenAI error shape and returns `error.code`.
@@ -253,39 +254,18 @@ async fn an_upstream_that_accepts_and_closes_is_not_called_unreachable() {
 
 #[test]
 fn the_startup_log_names_the_bound_port() {
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_compactor"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--store", "memory"])
-        .args(["--log-format", "json"])
-        .args(["--upstream", "http://127.0.0.1:9/v1"])
-        .env("COMPACTOR_LOG", "info")
-        .env_remove("COMPACTOR_CONFIG")
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stderr = child.stderr.take().unwrap();
-    let mut seen = String::new();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let mut buf = [0u8; 1024];
-    while !seen.contains("listening") && Instant::now() < deadline {
-        use std::io::Read;
-        match stderr.read(&mut buf) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => seen.push_str(&String::from_utf8_lossy(&buf[..n])),
-        }
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-    let line = seen
-        .lines()
-        .find(|l| l.contains("listening"))
-        .unwrap_or_else(|| panic!("no startup line in {seen:?}"));
-    let logged: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
-    let port = logged["listen"]
-        .as_str()
-        .and_then(|a| a.rsplit(':').next())
-        .and_then(|p| p.parse::<u16>().ok())
-        .unwrap_or_else(|| panic!("no listen address in {line:?}"));
-    assert_ne!(port, 0, "{line}");
+    let served = Served::start(
+        &[
+            "--log-format",
+            "json",
+            "--upstream",
+            "http://127.0.0.1:9/v1",
+        ],
+        &[("COMPACTOR_LOG", "info")],
+    );
+    assert_ne!(served.addr.port(), 0, "{}", served.started);
+    std::net::TcpStream::connect(served.addr)
+        .unwrap_or_else(|e| panic!("nothing listens on the logged address: {e}"));
 }
 
 #[tokio::test]

@@ -3,84 +3,27 @@
 
 mod common;
 
-use std::io::Read;
-use std::net::SocketAddr;
-use std::process::{Child, Stdio};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::served::Served;
 use common::{compactor_command, hold_connections, read_until_quiet, start_mock};
 use serde_json::{json, Value};
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
-/// The binary serving on `workers` runtimes, and what it has logged so far.
-struct Running {
-    child: Child,
-    addr: SocketAddr,
-    started: Value,
-    log: Arc<Mutex<String>>,
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start(upstream: &str, workers: usize, env: &[(&str, &str)]) -> Running {
-    let mut child = compactor_command()
-        .args(["serve", "--listen", "127.0.0.1:0", "--store", "memory"])
-        .args(["--log-format", "json", "--upstream", upstream])
-        .env("COMPACTOR_LOG", "info")
-        .env("COMPACTOR_WORKERS", workers.to_string())
-        .envs(env.iter().copied())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stderr = child.stderr.take().unwrap();
-    let log = Arc::new(Mutex::new(String::new()));
-    let written = log.clone();
-    // Read to the end, so that the pipe never fills and the log can be checked afterwards.
-    std::thread::spawn(move || {
-        let mut buf = [0u8; 4096];
-        while let Ok(n) = stderr.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-            written
-                .lock()
-                .unwrap()
-                .push_str(&String::from_utf8_lossy(&buf[..n]));
-        }
-    });
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let started = loop {
-        let line = log
-            .lock()
-            .unwrap()
-            .lines()
-            .find(|l| l.contains("listening"))
-            .map(str::to_string);
-        if let Some(line) = line {
-            break serde_json::from_str::<Value>(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
-        }
-        assert!(
-            Instant::now() < deadline,
-            "not started: {}",
-            log.lock().unwrap()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let addr = started["listen"].as_str().unwrap().parse().unwrap();
-    Running {
-        child,
-        addr,
-        started,
-        log,
-    }
+/// The binary serving on `workers` runtimes, and its listening line.
+fn start(upstream: &str, workers: usize, env: &[(&str, &str)]) -> (Served, Value) {
+    let workers = workers.to_string();
+    let mut env = env.to_vec();
+    env.extend([
+        ("COMPACTOR_LOG", "info"),
+        ("COMPACTOR_WORKERS", workers.as_str()),
+    ]);
+    let served = Served::start(&["--log-format", "json", "--upstream", upstream], &env);
+    let started =
+        serde_json::from_str(&served.started).unwrap_or_else(|e| panic!("{e}: {}", served.started));
+    (served, started)
 }
 
 /// The names of the process's threads.
@@ -109,8 +52,8 @@ fn chat(stream: bool) -> Value {
 #[tokio::test]
 async fn every_worker_serves_the_one_port_within_one_connection_cap() {
     let mock = start_mock().await;
-    let proxy = start(&mock.url(), 2, &[("COMPACTOR_MAX_CONNECTIONS", "2")]);
-    assert_eq!(proxy.started["workers"], 2, "{}", proxy.started);
+    let (proxy, started) = start(&mock.url(), 2, &[("COMPACTOR_MAX_CONNECTIONS", "2")]);
+    assert_eq!(started["workers"], 2, "{started}");
     let threads = thread_names(proxy.child.id());
     assert!(threads.iter().any(|t| t == "compactor-rt-1"), "{threads:?}");
 
@@ -167,7 +110,7 @@ async fn every_worker_serves_the_one_port_within_one_connection_cap() {
 #[tokio::test]
 async fn a_port_in_use_is_refused_rather_than_shared() {
     let mock = start_mock().await;
-    let first = start(&mock.url(), 2, &[]);
+    let (first, _) = start(&mock.url(), 2, &[]);
     let output = compactor_command()
         .args([
             "serve",
@@ -190,7 +133,7 @@ async fn a_stop_lets_every_worker_finish_its_streams() {
     let mock = start_mock().await;
     // Each stream takes a second or more, so all are still open when the stop comes.
     mock.state.chunk_pause_ms.store(200, Ordering::SeqCst);
-    let mut proxy = start(&mock.url(), 2, &[("COMPACTOR_SHUTDOWN_GRACE_MS", "20000")]);
+    let (mut proxy, _) = start(&mock.url(), 2, &[("COMPACTOR_SHUTDOWN_GRACE_MS", "20000")]);
     let client = fresh_connections();
     let streams: Vec<_> = (0..8)
         .map(|_| {
@@ -205,24 +148,12 @@ async fn a_stop_lets_every_worker_finish_its_streams() {
         })
         .collect();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let pid = proxy.child.id().to_string();
-    let killed = std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap();
-    assert!(killed.success());
+    proxy.stop();
     for stream in streams {
         let (status, body) = stream.await.unwrap();
         assert_eq!(status, 200, "{body}");
         assert!(body.trim_end().ends_with("data: [DONE]"), "{body}");
     }
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let exit = loop {
-        if let Some(exit) = proxy.child.try_wait().unwrap() {
-            break exit;
-        }
-        assert!(Instant::now() < deadline, "still running after the stop");
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    assert!(exit.success(), "{exit:?}: {}", proxy.log.lock().unwrap());
+    let exit = proxy.exit_within(Duration::from_secs(10));
+    assert!(exit.success(), "{exit:?}: {}", proxy.log());
 }

@@ -168,6 +168,10 @@ pub(super) fn map_events(
                         let event = reading.pending.split_to(end);
                         out.extend_from_slice(&(reading.rewrite)(&event));
                     }
+                    if reading.pending.len() > super::stream::MAX_HELD_EVENT_BYTES {
+                        // Not an event to rewrite: it goes on as it came rather than grow.
+                        out.extend_from_slice(&reading.pending.split());
+                    }
                     if out.is_empty() {
                         continue;
                     }

@@ -414,7 +414,15 @@ impl<'a> Exchange<'a> {
         spans::call_answered(&mut call, &response);
         let probe = match &mut response {
             // The wait for a stream's first bytes is the provider's time, not the proxy's.
-            Ok(response) => probe(self.target.dialect, response, &self.sent).await,
+            Ok(response) => {
+                // The start of the answer has what is left of the time its headers had.
+                let bound = self
+                    .target
+                    .upstream
+                    .first_byte_timeout()
+                    .saturating_sub(sent.elapsed());
+                probe(self.target.dialect, response, &self.sent, bound).await
+            }
             Err(_) => Ok(Probe::default()),
         };
         self.upstream_time += sent.elapsed();

@@ -66,8 +66,9 @@ pub(super) fn instructions(headers: &HeaderMap) -> Result<Option<String>, ApiErr
 pub(super) fn mode(headers: &HeaderMap) -> Result<Mode, ApiError> {
     match headers.get(MODE).and_then(|v| v.to_str().ok()) {
         None => Ok(Mode::Auto),
+        // The value is not repeated: refusals are logged, and a header may hold anything.
         Some(v) => Mode::parse(v).ok_or_else(|| ApiError::BadRequest {
-            message: format!("invalid x-compactor-mode `{v}`: expected auto, force or off"),
+            message: "invalid x-compactor-mode: expected auto, force or off".into(),
             param: Some("x-compactor-mode".into()),
             code: None,
         }),

@@ -2,13 +2,15 @@
 //! whole, or a stream's opening events held back until they show output or a failure, so that
 //! a context overflow can still be retried. Whatever was read is put back in front of the rest.
 
+use std::time::Duration;
+
 use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
 use http::HeaderMap;
 
 use super::error::ApiError;
 use crate::dialect::{Dialect, Overflow};
-use crate::upstream::{self, UpstreamResponse};
+use crate::upstream::{self, UpstreamError, UpstreamResponse};
 
 /// Largest error body read from the provider (to recognise an overflow in it).
 const ERROR_BODY_LIMIT: usize = 4 * 1024 * 1024;
@@ -29,13 +31,25 @@ pub(super) struct Probe {
 ///
 /// An overflow whose words appear in what the client sent (`sent`) is not trusted to teach a
 /// window: the provider may be quoting the client's input back.
+///
+/// Both reads end by `bound`: a provider that sends its headers and then nothing more must not
+/// hold the request (and the body budget it keeps) for ever. An error answer not read by then is
+/// a timeout; a stream's head not decided by then goes on as it is, undecided.
 pub(super) async fn probe(
     dialect: &dyn Dialect,
     response: &mut UpstreamResponse,
     sent: &[u8],
+    bound: Duration,
 ) -> Result<Probe, ApiError> {
     if !response.status.is_success() {
-        let body = response.read_body(ERROR_BODY_LIMIT).await?;
+        let body = tokio::time::timeout(bound, response.read_body(ERROR_BODY_LIMIT))
+            .await
+            .map_err(|_| {
+                UpstreamError::Timeout(format!(
+                    "the error answer's body did not arrive within {} ms",
+                    bound.as_millis()
+                ))
+            })??;
         return Ok(Probe {
             overflow: dialect
                 .overflow(response.status.as_u16(), &body)
@@ -48,19 +62,23 @@ pub(super) async fn probe(
     }
     let mut head = BytesMut::new();
     let mut ended = None;
-    loop {
-        match response.body.next().await {
-            Some(Ok(chunk)) => head.extend_from_slice(&chunk),
-            Some(Err(e)) => {
-                ended = Some(e);
+    let reading = async {
+        loop {
+            match response.body.next().await {
+                Some(Ok(chunk)) => head.extend_from_slice(&chunk),
+                Some(Err(e)) => {
+                    ended = Some(e);
+                    break;
+                }
+                None => break,
+            }
+            if head.len() >= STREAM_HEAD_LIMIT || !dialect.stream_head_undecided(&head) {
                 break;
             }
-            None => break,
         }
-        if head.len() >= STREAM_HEAD_LIMIT || !dialect.stream_head_undecided(&head) {
-            break;
-        }
-    }
+    };
+    // Past the bound the stream goes on undecided, with what was read in front of the rest.
+    let _ = tokio::time::timeout(bound, reading).await;
     let head = head.freeze();
     let overflow = dialect
         .overflow_in_stream(&head)

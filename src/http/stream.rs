@@ -123,6 +123,11 @@ impl Observed {
         }
         if !strip {
             self.buffer.clear();
+        } else if self.buffer.len() > MAX_HELD_EVENT_BYTES {
+            // An event this long is no usage event to strip: held any longer, it would keep
+            // the stream from the client and grow without bound. It goes on as it came; its end
+            // goes on with the next chunk.
+            out.extend_from_slice(&self.buffer.split());
         }
         out
     }
@@ -131,6 +136,9 @@ impl Observed {
 fn memchr_usage(chunk: &[u8]) -> bool {
     chunk.windows(7).any(|w| w == b"\"usage\"")
 }
+
+/// The most bytes of an unfinished SSE event held back while waiting for its end.
+pub(super) const MAX_HELD_EVENT_BYTES: usize = 1 << 20;
 
 /// The end (exclusive, including the blank line) of the first complete SSE event.
 pub(super) fn find_event_end(buffer: &[u8]) -> Option<usize> {
@@ -314,6 +322,27 @@ mod tests {
             "data: {\"choices\":[{\"delta\":{}}]}\n\ndata: [DONE]\n\n"
         );
         assert_eq!(*seen.lock().unwrap(), Some(42));
+    }
+
+    #[tokio::test]
+    async fn an_event_that_does_not_end_is_not_held_without_bound() {
+        let (s, _) = sink();
+        let start = "data: {\"choices\":[{\"delta\":{\"content\":\"";
+        let long = "x".repeat(MAX_HELD_EVENT_BYTES);
+        let sent = [Bytes::from_static(start.as_bytes()), Bytes::from(long)];
+        let total: usize = sent.iter().map(Bytes::len).sum();
+        // The event's end never comes: the provider goes quiet.
+        let quiet = futures::stream::iter(sent.map(Ok)).chain(futures::stream::pending());
+        let mut observed = Observed::sse(Box::pin(quiet), true, &Chat, s);
+        let mut forwarded = Vec::new();
+        while forwarded.len() < total {
+            let next = tokio::time::timeout(std::time::Duration::from_secs(5), observed.next())
+                .await
+                .expect("held back while waiting for the event's end");
+            forwarded.extend_from_slice(&next.unwrap().unwrap());
+        }
+        assert_eq!(&forwarded[..start.len()], start.as_bytes());
+        assert_eq!(forwarded.len(), total);
     }
 
     #[tokio::test]

@@ -211,6 +211,11 @@ impl Upstream {
         })
     }
 
+    /// How long the provider has to start its answer after a request is sent.
+    pub fn first_byte_timeout(&self) -> Duration {
+        self.first_byte_timeout
+    }
+
     /// The provider's host, as its base URL names it.
     pub fn host(&self) -> &str {
         self.base.host()

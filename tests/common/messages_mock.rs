@@ -30,6 +30,17 @@ pub struct Received {
 }
 
 impl Received {
+    /// The raw JSON text of each message in the body, in order.
+    pub fn raw_messages(&self) -> Vec<String> {
+        #[derive(serde::Deserialize)]
+        struct Body<'a> {
+            #[serde(borrow)]
+            messages: Vec<&'a serde_json::value::RawValue>,
+        }
+        let body: Body = serde_json::from_slice(&self.body).unwrap();
+        body.messages.iter().map(|m| m.get().to_string()).collect()
+    }
+
     pub fn json(&self) -> Value {
         serde_json::from_slice(&self.body).unwrap_or(Value::Null)
     }

@@ -12,7 +12,8 @@
 //! collector that decodes the traces exported to it;
 //! [`provider_mock`], one mock serving all three formats alike (the dialect battery's);
 //! [`turns_dialect`], a wire format written only for the tests; [`redis_server`] and
-//! [`redis_cluster`], real Redis processes on free ports; [`media`], real image and PDF bytes.
+//! [`redis_cluster`], real Redis processes on free ports; [`media`], real image and PDF bytes;
+//! [`served`], the `compactor` binary started as a process.
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
@@ -260,6 +261,29 @@ async fn chat(State(state): State<Arc<MockState>>, req: Request) -> Response {
         "mock-hang" => {
             tokio::time::sleep(Duration::from_secs(3600)).await;
         }
+        // A provider that sends an error answer's headers and the start of its body, then
+        // nothing more.
+        "mock-stall-error" => {
+            let start = futures::stream::once(async {
+                Ok::<_, std::io::Error>(Bytes::from_static(b"{\"error\":"))
+            });
+            return Response::builder()
+                .status(http::StatusCode::INTERNAL_SERVER_ERROR)
+                .header("content-type", "application/json")
+                .body(Body::from_stream(futures::StreamExt::chain(
+                    start,
+                    futures::stream::pending(),
+                )))
+                .unwrap();
+        }
+        // A provider that opens a stream and sends nothing on it.
+        "mock-stall-stream" => {
+            let nothing = futures::stream::pending::<Result<Bytes, std::io::Error>>();
+            return Response::builder()
+                .header("content-type", "text/event-stream")
+                .body(Body::from_stream(nothing))
+                .unwrap();
+        }
         // A provider that does not know the model.
         m if m.starts_with("mock-404") => {
             let error = json!({"error":{"message":format!("The model `{m}` does not exist"),"type":"invalid_request_error","param":null,"code":"model_not_found"}});
@@ -483,7 +507,17 @@ pub mod provider_mock;
 pub mod redis_cluster;
 pub mod redis_server;
 pub mod responses_mock;
+pub mod served;
 pub mod turns_dialect;
+
+/// The value of one series in a Prometheus text exposition: `series` is the name with its
+/// labels as printed (`compactor_store_errors_total`, `name{model="m"}`).
+pub fn metric(metrics: &str, series: &str) -> Option<f64> {
+    metrics.lines().find_map(|line| {
+        let value = line.strip_prefix(series)?.strip_prefix(' ')?;
+        value.trim().parse().ok()
+    })
+}
 
 /// The binary, with no `COMPACTOR_…` variable of the test's environment.
 pub fn compactor_command() -> std::process::Command {

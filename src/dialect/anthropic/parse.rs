@@ -269,11 +269,8 @@ fn parse_message(raw: Box<RawValue>) -> Result<Message, String> {
         RoleField::Is(role) if role == "user" => Author::User,
         RoleField::Is(role) if role == "assistant" => Author::Assistant,
         RoleField::Is(role) if role == "system" => Author::System,
-        RoleField::Is(other) => {
-            return Err(format!(
-                "unknown role `{other}`: expected user or assistant"
-            ))
-        }
+        // The value is not repeated: refusals are logged, and a field may hold anything.
+        RoleField::Is(_) => return Err("role: unknown, expected user or assistant".into()),
         RoleField::Missing | RoleField::NotString => {
             return Err("role: field required (a string)".into())
         }
@@ -291,7 +288,10 @@ fn parse_message(raw: Box<RawValue>) -> Result<Message, String> {
             .object_kind()
             .ok_or_else(|| format!("content.{i}: expected a block object with a string `type`"))?;
         if !KNOWN_BLOCKS.contains(&kind) {
-            return Err(format!("content.{i}: unknown content block type `{kind}`"));
+            return Err(format!(
+                "content.{i}.type: unknown content block type (expected one of: {})",
+                KNOWN_BLOCKS.join(", ")
+            ));
         }
         let needs_string = |field: &str| match block.has_string(field) {
             true => Ok(()),
@@ -419,14 +419,18 @@ mod tests {
             refused(r#"{"model":"m","max_tokens":"many","messages":[]}"#),
             "invalid type for 'max_tokens': expected a non-negative integer"
         );
-        assert!(refused(
-            r#"{"model":"m","messages":[{"role":"user","content":[{"type":"hologram"}]}]}"#
-        )
-        .contains("unknown content block type `hologram`"));
-        assert!(
-            refused(r#"{"model":"m","messages":[{"role":"robot","content":"x"}]}"#)
-                .contains("unknown role `robot`")
+        // What was refused is named by its place, not repeated: refusals are logged.
+        let block = refused(
+            r#"{"model":"m","messages":[{"role":"user","content":[{"type":"hologram"}]}]}"#,
         );
+        assert!(
+            block.contains("content.0.type: unknown content block type"),
+            "{block}"
+        );
+        assert!(!block.contains("hologram"), "{block}");
+        let role = refused(r#"{"model":"m","messages":[{"role":"robot","content":"x"}]}"#);
+        assert!(role.contains("role: unknown"), "{role}");
+        assert!(!role.contains("robot"), "{role}");
         assert!(
             refused(r#"{"model":"m","messages":[{"role":"user","content":7}]}"#)
                 .starts_with("invalid message at messages[0]: content: expected a string")

@@ -415,8 +415,9 @@ mod tests {
         let started = Instant::now();
         assert_eq!(*store.for_anchor("a").await.unwrap(), vec![cp.clone()]);
         let took = started.elapsed();
+        // Bounded by the call timeout; the margin is for a loaded machine's scheduling.
         assert!(
-            took < CALL_TIMEOUT + Duration::from_millis(150),
+            took < CALL_TIMEOUT + Duration::from_millis(500),
             "first call took {took:?}"
         );
         assert!(!store.healthy());
@@ -424,8 +425,9 @@ mod tests {
             let started = Instant::now();
             store.put(&sample("a", 5, 2)).await.unwrap();
             store.for_anchor("a").await.unwrap();
+            // A call that went to the frozen server would wait out the call timeout.
             assert!(
-                started.elapsed() < Duration::from_millis(50),
+                started.elapsed() < CALL_TIMEOUT,
                 "degraded calls skip redis"
             );
         }
