@@ -358,7 +358,9 @@ fn shutting_down(anthropic: bool) -> axum::response::Response {
 
 /// Answers a connection beyond the cap with a 503 and closes it, without reading from it.
 fn refuse_connection(stream: TcpStream) {
-    let body = r#"{"error":{"message":"the proxy has as many open connections as it allows; retry shortly","type":"server_error","param":null,"code":"overloaded"}}"#;
+    // Written before any request is read, so for either client: the OpenAI shape with
+    // Anthropic's top-level `"type": "error"`, as the answers to unparsable requests are.
+    let body = r#"{"type":"error","error":{"message":"the proxy has as many open connections as it allows; retry shortly","type":"server_error","param":null,"code":"overloaded"}}"#;
     let answer = format!(
         "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()

@@ -450,6 +450,11 @@ async fn connections_beyond_the_cap_are_answered_503() {
         answer.to_ascii_lowercase().contains("retry-after: 1"),
         "{answer}"
     );
+    // Written before any request is read: a body either client's SDK reads.
+    let body: serde_json::Value =
+        serde_json::from_str(answer.split("\r\n\r\n").nth(1).unwrap_or("")).unwrap();
+    assert_eq!(body["type"], "error", "{answer}");
+    assert_eq!(body["error"]["code"], "overloaded", "{answer}");
     // A freed slot serves again.
     drop(held.pop());
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
