@@ -12,7 +12,10 @@ use compactor::measure::Meter;
 use futures::StreamExt;
 use serde_json::{json, Value};
 
-use common::{client, compactor_command, config, mock_tokens, sse_chunks, start_mock, start_proxy};
+use common::{
+    client, compactor_command, config, mock_tokens, sse_chunks, start_mock, start_proxy, Mock,
+    Proxy,
+};
 
 async fn json_of(response: reqwest::Response) -> Value {
     let bytes = response.bytes().await.unwrap();
@@ -460,14 +463,20 @@ async fn unreachable_upstream_is_502() {
     assert_error_shape(&body);
 }
 
-#[tokio::test]
-async fn first_byte_timeout_is_504() {
+/// A mock and a proxy in front of it whose first-byte timeout is 300 ms.
+async fn with_short_first_byte_timeout() -> (Mock, Proxy) {
     let mock = start_mock().await;
     let mut cfg = config(&mock.url());
     cfg.first_byte_timeout_ms = 300;
     let proxy = start_proxy(cfg).await;
+    (mock, proxy)
+}
+
+/// Asks `model` for a chat completion and expects a 504 `upstream_timeout`, well before the
+/// mock's behaviour would have ended on its own.
+async fn assert_timed_out(proxy: &Proxy, model: &str) {
     let started = Instant::now();
-    let (status, error) = chat_error(&proxy, hello("mock-hang").to_string()).await;
+    let (status, error) = chat_error(proxy, hello(model).to_string()).await;
     assert_eq!(status, 504);
     assert_eq!(error["code"], "upstream_timeout");
     assert!(
@@ -475,6 +484,12 @@ async fn first_byte_timeout_is_504() {
         "answered after {:?}",
         started.elapsed()
     );
+}
+
+#[tokio::test]
+async fn first_byte_timeout_is_504() {
+    let (mock, proxy) = with_short_first_byte_timeout().await;
+    assert_timed_out(&proxy, "mock-hang").await;
     assert_eq!(mock.chats().len(), 1, "the request did reach the mock");
 }
 
@@ -482,19 +497,8 @@ async fn first_byte_timeout_is_504() {
 /// first-byte timeout: an error answer is a 504, a stream goes on to the client undecided.
 #[tokio::test]
 async fn a_provider_stalling_after_its_headers_is_bounded_by_the_first_byte_timeout() {
-    let mock = start_mock().await;
-    let mut cfg = config(&mock.url());
-    cfg.first_byte_timeout_ms = 300;
-    let proxy = start_proxy(cfg).await;
-    let started = Instant::now();
-    let (status, error) = chat_error(&proxy, hello("mock-stall-error").to_string()).await;
-    assert_eq!(status, 504);
-    assert_eq!(error["code"], "upstream_timeout");
-    assert!(
-        started.elapsed() < Duration::from_secs(10),
-        "answered after {:?}",
-        started.elapsed()
-    );
+    let (_mock, proxy) = with_short_first_byte_timeout().await;
+    assert_timed_out(&proxy, "mock-stall-error").await;
 
     let mut streamed = hello("mock-stall-stream");
     streamed["stream"] = json!(true);
