@@ -211,11 +211,16 @@ pub async fn guard_panics(
     next: axum::middleware::Next,
 ) -> Response {
     use futures::FutureExt;
-    let path = request.uri().path().to_string();
+    // Only which API the path belongs to is kept, not a copy of the path.
+    let path = if request.uri().path().starts_with("/v1/messages") {
+        "/v1/messages"
+    } else {
+        "/"
+    };
     std::panic::AssertUnwindSafe(next.run(request))
         .catch_unwind()
         .await
-        .unwrap_or_else(|_| panic_response(&path))
+        .unwrap_or_else(|_| panic_response(path))
 }
 
 #[cfg(test)]
