@@ -247,7 +247,7 @@ pub async fn serve_connections(
             }
             let open = requests.open();
             let answered = answered.clone();
-            let anthropic = request.uri().path().starts_with("/v1/messages");
+            let anthropic = crate::http::error::is_messages_path(request.uri().path());
             let request = request.map(axum::body::Body::new);
             let response = match Direct::of(request.method(), request.uri().path()) {
                 // Boxed, as the router boxes its handlers: hyper keeps room for the service's
@@ -345,15 +345,11 @@ pub async fn serve_connections(
 /// The answer to a request still waiting when the shutdown grace runs out, in its client's error
 /// shape (Anthropic's on `/v1/messages`).
 fn shutting_down(anthropic: bool) -> axum::response::Response {
-    let error = ApiError::Busy {
+    ApiError::Busy {
         message: "the proxy is shutting down; retry the request".into(),
         retry_after_secs: 1,
-    };
-    if anthropic {
-        error.into_response_in(&Messages)
-    } else {
-        axum::response::IntoResponse::into_response(error)
     }
+    .in_shape_of(anthropic)
 }
 
 /// Answers a connection beyond the cap with a 503 and closes it, without reading from it.

@@ -106,7 +106,7 @@ where
     handled
         .catch_unwind()
         .await
-        .unwrap_or_else(|_| error::panic_response(path))
+        .unwrap_or_else(|_| error::panic_response(error::is_messages_path(path)))
 }
 
 #[cfg(test)]
@@ -194,7 +194,7 @@ mod tests {
                 .await
                 .unwrap();
             let body = String::from_utf8_lossy(&body);
-            let anthropic = route.path().starts_with("/v1/messages");
+            let anthropic = super::super::error::is_messages_path(route.path());
             assert_eq!(
                 body.contains("invalid_request_error") && body.contains("\"type\":\"error\""),
                 anthropic,

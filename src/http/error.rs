@@ -133,10 +133,14 @@ impl ApiError {
         self.respond_with(body)
     }
 
-    /// The response in the error shape of the API `path` belongs to: Anthropic's on
-    /// `/v1/messages` and below, OpenAI's elsewhere.
+    /// The response in the error shape of the API `path` belongs to ([`is_messages_path`]).
     pub fn for_path(self, path: &str) -> Response {
-        if path.starts_with("/v1/messages") {
+        self.in_shape_of(is_messages_path(path))
+    }
+
+    /// The response in Anthropic's error shape when `messages`, OpenAI's otherwise.
+    pub fn in_shape_of(self, messages: bool) -> Response {
+        if messages {
             self.into_response_in(&crate::dialect::anthropic::Messages)
         } else {
             self.into_response()
@@ -198,11 +202,17 @@ impl From<crate::upstream::UpstreamError> for ApiError {
     }
 }
 
-/// The answer to a handler panic on `path`: a 500 in its client's shape, nothing of the
-/// panic's text.
-pub fn panic_response(path: &str) -> Response {
+/// Whether `path` belongs to Anthropic's Messages API (`/v1/messages` and below), whose
+/// clients read Anthropic's error shape; every other path's clients read OpenAI's.
+pub fn is_messages_path(path: &str) -> bool {
+    path.starts_with("/v1/messages")
+}
+
+/// The answer to a handler panic: a 500 in its client's shape ([`ApiError::in_shape_of`]),
+/// nothing of the panic's text.
+pub fn panic_response(messages: bool) -> Response {
     tracing::error!("A request handler panicked.");
-    ApiError::Internal("internal error in the proxy".into()).for_path(path)
+    ApiError::Internal("internal error in the proxy".into()).in_shape_of(messages)
 }
 
 /// The router's panic guard: a handler that panics is answered [`panic_response`] for its path.
@@ -211,16 +221,11 @@ pub async fn guard_panics(
     next: axum::middleware::Next,
 ) -> Response {
     use futures::FutureExt;
-    // Only which API the path belongs to is kept, not a copy of the path.
-    let path = if request.uri().path().starts_with("/v1/messages") {
-        "/v1/messages"
-    } else {
-        "/"
-    };
+    let messages = is_messages_path(request.uri().path());
     std::panic::AssertUnwindSafe(next.run(request))
         .catch_unwind()
         .await
-        .unwrap_or_else(|_| panic_response(path))
+        .unwrap_or_else(|_| panic_response(messages))
 }
 
 #[cfg(test)]

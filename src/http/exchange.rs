@@ -415,13 +415,9 @@ impl<'a> Exchange<'a> {
         let probe = match &mut response {
             // The wait for a stream's first bytes is the provider's time, not the proxy's.
             Ok(response) => {
-                // The start of the answer has what is left of the time its headers had.
-                let bound = self
-                    .target
-                    .upstream
-                    .first_byte_timeout()
-                    .saturating_sub(sent.elapsed());
-                probe(self.target.dialect, response, &self.sent, bound).await
+                // The start of the answer ends when its headers' time would have.
+                let deadline = sent + self.target.upstream.first_byte_timeout();
+                probe(self.target.dialect, response, &self.sent, deadline).await
             }
             Err(_) => Ok(Probe::default()),
         };

@@ -2,7 +2,7 @@
 //! whole, or a stream's opening events held back until they show output or a failure, so that
 //! a context overflow can still be retried. Whatever was read is put back in front of the rest.
 
-use std::time::Duration;
+use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
@@ -32,23 +32,23 @@ pub(super) struct Probe {
 /// An overflow whose words appear in what the client sent (`sent`) is not trusted to teach a
 /// window: the provider may be quoting the client's input back.
 ///
-/// Both reads end by `bound`: a provider that sends its headers and then nothing more must not
+/// Both reads end by `deadline`: a provider that sends its headers and then nothing more must not
 /// hold the request (and the body budget it keeps) for ever. An error answer not read by then is
 /// a timeout; a stream's head not decided by then goes on as it is, undecided.
 pub(super) async fn probe(
     dialect: &dyn Dialect,
     response: &mut UpstreamResponse,
     sent: &[u8],
-    bound: Duration,
+    deadline: Instant,
 ) -> Result<Probe, ApiError> {
+    let deadline = tokio::time::Instant::from_std(deadline);
     if !response.status.is_success() {
-        let body = tokio::time::timeout(bound, response.read_body(ERROR_BODY_LIMIT))
+        let body = tokio::time::timeout_at(deadline, response.read_body(ERROR_BODY_LIMIT))
             .await
             .map_err(|_| {
-                UpstreamError::Timeout(format!(
-                    "the error answer's body did not arrive within {} ms",
-                    bound.as_millis()
-                ))
+                UpstreamError::Timeout(
+                    "the error answer's body did not arrive within the first-byte timeout".into(),
+                )
             })??;
         return Ok(Probe {
             overflow: dialect
@@ -77,8 +77,8 @@ pub(super) async fn probe(
             }
         }
     };
-    // Past the bound the stream goes on undecided, with what was read in front of the rest.
-    let _ = tokio::time::timeout(bound, reading).await;
+    // Past the deadline the stream goes on undecided, with what was read in front of the rest.
+    let _ = tokio::time::timeout_at(deadline, reading).await;
     let head = head.freeze();
     let overflow = dialect
         .overflow_in_stream(&head)

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use axum::extract::{Request, State};
 use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use http::HeaderMap;
 use tracing::Instrument;
 
@@ -136,18 +136,7 @@ pub(super) fn unauthorized(path: &str) -> Response {
         status = 401,
         "Refused a request without an accepted gateway key."
     );
-    if path.starts_with("/v1/messages") {
-        let body = serde_json::json!({
-            "type": "error",
-            "error": {"type": "authentication_error", "message": message},
-        });
-        let mut response = (http::StatusCode::UNAUTHORIZED, axum::Json(body)).into_response();
-        response
-            .headers_mut()
-            .insert("x-compactor-error", http::HeaderValue::from_static("true"));
-        return response;
-    }
-    ApiError::Unauthorized(message.into()).into_response()
+    ApiError::Unauthorized(message.into()).for_path(path)
 }
 
 #[cfg(test)]
