@@ -92,6 +92,7 @@ pub struct CompactionConfig {
     pub retry_backoff_max_ms: u64,
     pub ahead_of_time: bool,
     pub soft_threshold: f64,
+    pub apply_when_ready: bool,
     pub clear_tool_results_first: bool,
     pub clear_keep_tool_uses: u64,
     pub clear_min_share: f64,

@@ -38,6 +38,10 @@ async fn send(proxy: &Proxy, messages: &[Value]) -> (reqwest::header::HeaderMap,
 }
 
 async fn setup(ahead_of_time: bool) -> (Mock, Proxy) {
+    setup_applying(ahead_of_time, true).await
+}
+
+async fn setup_applying(ahead_of_time: bool, apply_when_ready: bool) -> (Mock, Proxy) {
     let mock = start_mock().await;
     mock.set_window(W);
     mock.state
@@ -47,6 +51,7 @@ async fn setup(ahead_of_time: bool) -> (Mock, Proxy) {
     cfg.windows.insert("agent-model".into(), W);
     cfg.summarizer.window = 100_000;
     cfg.compaction.ahead_of_time = ahead_of_time;
+    cfg.compaction.apply_when_ready = apply_when_ready;
     (mock, start_proxy(cfg).await)
 }
 
@@ -92,6 +97,49 @@ async fn the_crossing_request_uses_the_ready_summary_without_waiting() {
     assert!(
         metrics.contains("compactor_ready_checkpoints_used_total 1"),
         "{metrics}"
+    );
+}
+
+/// Sends turns until a background summary is ready, then one more; returns whether that one
+/// was compacted, and whether it would have fit the window verbatim.
+async fn the_request_after_a_ready_summary(apply_when_ready: bool) -> (bool, bool) {
+    let (mock, proxy) = setup_applying(true, apply_when_ready).await;
+    let mut messages = vec![json!({"role":"system","content":"You help with code."})];
+    let mut t = 0;
+    while mock.summaries().is_empty() {
+        turn(&mut messages, t);
+        let (headers, _) = send(&proxy, &messages).await;
+        assert_eq!(headers.get("x-compactor-compacted").unwrap(), "false");
+        t += 1;
+        assert!(t < 40, "no summary started");
+    }
+    proxy.app.engine.background_settled().await;
+    turn(&mut messages, t);
+    let (headers, _) = send(&proxy, &messages).await;
+    let compacted = headers.get("x-compactor-compacted").unwrap() == "true";
+    if compacted {
+        assert_eq!(headers.get("x-compactor-ready-checkpoint").unwrap(), "true");
+    }
+    let verbatim = common::mock_tokens(&json!({ "messages": messages }));
+    (compacted, verbatim + 256 < W)
+}
+
+#[tokio::test]
+async fn a_ready_summary_is_applied_to_the_next_request_unless_told_to_wait_for_the_window() {
+    let (compacted, would_fit) = the_request_after_a_ready_summary(true).await;
+    assert!(
+        would_fit,
+        "the test's request must fit verbatim to show anything"
+    );
+    assert!(
+        compacted,
+        "the ready summary was not applied to the next request"
+    );
+    let (compacted, would_fit) = the_request_after_a_ready_summary(false).await;
+    assert!(would_fit);
+    assert!(
+        !compacted,
+        "apply_when_ready = false applied the summary before the window"
     );
 }
 

@@ -174,9 +174,11 @@ impl Engine {
         }
     }
 
-    /// Stage `apply_checkpoint`: sends the request through the newest regular checkpoint when
-    /// that fits, else through one prepared ahead of time when that fits; otherwise reports the
-    /// best view found. A `forced` request never stops here.
+    /// Stage `apply_checkpoint`: sends the request through a checkpoint prepared ahead of time
+    /// that covers more than the newest regular one, when it fits and `apply_when_ready` is on;
+    /// else through the newest regular checkpoint when that fits; else through the one
+    /// prepared ahead of time when that fits; otherwise reports the best view found. A `forced`
+    /// request never stops here.
     pub(super) async fn apply_checkpoint<'c>(
         self: &Arc<Self>,
         conversation: &Conversation,
@@ -186,6 +188,17 @@ impl Engine {
     ) -> Applied<'c> {
         let regular = checkpoints.iter().find(|c| !c.ahead_of_time);
         let mut view = self.view(conversation, regular);
+        let ready = checkpoints
+            .iter()
+            .find(|c| c.ahead_of_time && c.covered > view.checkpoint.map_or(0, |r| r.covered));
+        if let Some(ready) = ready.filter(|_| self.config.apply_when_ready && !forced) {
+            // Sent through the summary as soon as it is there: every request from here on is
+            // smaller, and what follows its cut is written to the provider's cache once.
+            let through_ready = self.view(conversation, Some(ready));
+            if self.fits(conversation, &through_ready) {
+                return self.through_ready(conversation, through_ready, outcome);
+            }
+        }
         if !forced && self.fits(conversation, &view) {
             // Past the soft threshold a summary would start in the background: clearing old
             // tool results first may make it unneeded.
@@ -202,19 +215,26 @@ impl Engine {
             return Applied::Ready(self.rewrite(conversation, &view, std::mem::take(outcome)));
         }
         // Over the limit: a checkpoint prepared ahead of time may be all that is needed.
-        if let Some(ready) = checkpoints
-            .iter()
-            .find(|c| c.ahead_of_time && c.covered > view.checkpoint.map_or(0, |r| r.covered))
-        {
+        if let Some(ready) = ready {
             view = self.view(conversation, Some(ready));
             if !forced && self.fits(conversation, &view) {
-                self.note_ready_used(view.checkpoint, outcome);
-                // The conversation keeps growing from here: prepare its next summary early too.
-                self.maybe_start_background(conversation, &view);
-                return Applied::Ready(self.rewrite(conversation, &view, std::mem::take(outcome)));
+                return self.through_ready(conversation, view, outcome);
             }
         }
         Applied::OverLimit(view)
+    }
+
+    /// Sends the request through a checkpoint prepared ahead of time, which fits.
+    fn through_ready<'c>(
+        self: &Arc<Self>,
+        conversation: &Conversation,
+        view: View<'c>,
+        outcome: &mut Outcome,
+    ) -> Applied<'c> {
+        self.note_ready_used(view.checkpoint, outcome);
+        // The conversation keeps growing from here: prepare its next summary early too.
+        self.maybe_start_background(conversation, &view);
+        Applied::Ready(self.rewrite(conversation, &view, std::mem::take(outcome)))
     }
 
     /// Tokens of a checkpoint's summary message. A checkpoint never changes, so the message is

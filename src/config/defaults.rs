@@ -59,6 +59,7 @@ impl Default for CompactionConfig {
             retry_backoff_max_ms: 900_000,
             ahead_of_time: true,
             soft_threshold: 0.75,
+            apply_when_ready: true,
             clear_tool_results_first: true,
             clear_keep_tool_uses: 3,
             clear_min_share: 0.5,
