@@ -1,6 +1,7 @@
 //! Summaries made before they are needed: when a conversation passes the soft threshold, a
-//! background task writes its next checkpoint, so the request that crosses the window finds it
-//! ready instead of waiting for a summary.
+//! background task writes its next checkpoint, so no request waits for a summary. The next
+//! request that fits through it is sent through it (or, with `apply_when_ready` off, the first
+//! that no longer fits without it).
 
 use std::sync::Arc;
 use tokio::time::Instant;
