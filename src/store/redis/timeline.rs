@@ -200,10 +200,13 @@ pub(super) async fn timeline(
         return Ok(None);
     };
     let bodies: Vec<String> = conn.lrange(rows_key(id), 0, -1).await?;
-    let rows = bodies
+    let mut rows: Vec<RequestRow> = bodies
         .iter()
         .filter_map(|b| serde_json::from_str(b).ok())
         .collect();
+    // Replicas record rows off the request's path, so the list holds them in the order their
+    // writes reached Redis, which can differ from the order the requests were served in.
+    rows.sort_by_key(|row| row.at_ms);
     Ok(Some((entry, rows)))
 }
 
