@@ -187,18 +187,21 @@ impl Engine {
         outcome: &mut Outcome,
     ) -> Applied<'c> {
         let regular = checkpoints.iter().find(|c| !c.ahead_of_time);
-        let mut view = self.view(conversation, regular);
         let ready = checkpoints
             .iter()
-            .find(|c| c.ahead_of_time && c.covered > view.checkpoint.map_or(0, |r| r.covered));
+            .find(|c| c.ahead_of_time && c.covered > regular.map_or(0, |r| r.covered));
+        // The view through the ready checkpoint, once made: it is made at most once.
+        let mut through_ready = None;
         if let Some(ready) = ready.filter(|_| self.config.apply_when_ready && !forced) {
             // Sent through the summary as soon as it is there: every request from here on is
             // smaller, and what follows its cut is written to the provider's cache once.
-            let through_ready = self.view(conversation, Some(ready));
-            if self.fits(conversation, &through_ready) {
-                return self.through_ready(conversation, through_ready, outcome);
+            let view = self.view(conversation, Some(ready));
+            if self.fits(conversation, &view) {
+                return self.through_ready(conversation, view, outcome);
             }
+            through_ready = Some(view);
         }
+        let view = self.view(conversation, regular);
         if !forced && self.fits(conversation, &view) {
             // Past the soft threshold a summary would start in the background: clearing old
             // tool results first may make it unneeded.
@@ -215,11 +218,12 @@ impl Engine {
             return Applied::Ready(self.rewrite(conversation, &view, std::mem::take(outcome)));
         }
         // Over the limit: a checkpoint prepared ahead of time may be all that is needed.
-        if let Some(ready) = ready {
-            view = self.view(conversation, Some(ready));
-            if !forced && self.fits(conversation, &view) {
-                return self.through_ready(conversation, view, outcome);
-            }
+        let Some(ready) = ready else {
+            return Applied::OverLimit(view);
+        };
+        let view = through_ready.unwrap_or_else(|| self.view(conversation, Some(ready)));
+        if !forced && self.fits(conversation, &view) {
+            return self.through_ready(conversation, view, outcome);
         }
         Applied::OverLimit(view)
     }
