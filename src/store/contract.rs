@@ -231,4 +231,17 @@ async fn check_timelines(store: &dyn CheckpointStore) {
     );
     assert!(store.timeline("c1").await.unwrap().is_none());
     assert!(store.timeline("c2").await.unwrap().is_none());
+
+    // Replicas record off the request's path: a row served earlier may arrive after a newer
+    // one. It is counted, but the newest row stays the last, and nothing is counted twice.
+    for (at, cp) in [(60, None), (62, Some("c3")), (61, None)] {
+        store
+            .record_request("late", &alice, &row(at, cp), bounds)
+            .await
+            .unwrap();
+    }
+    let (entry, _) = store.timeline("late").await.unwrap().unwrap();
+    assert_eq!((entry.first_ms, entry.last_ms), (60, 62));
+    assert_eq!((entry.requests, entry.compactions), (3, 1));
+    assert_eq!(entry.last, row(62, Some("c3")));
 }

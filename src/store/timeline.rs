@@ -98,13 +98,19 @@ impl ConversationEntry {
         }
     }
 
-    /// The entry after one more request.
+    /// The entry after one more request. A row served before the newest one known (replicas
+    /// record off the request's path, so rows can arrive out of order) is counted, but neither
+    /// becomes the last row nor counts as a compaction against it.
     pub fn absorb(&mut self, row: &RequestRow) {
+        self.requests += 1;
+        self.first_ms = self.first_ms.min(row.at_ms);
+        if row.at_ms < self.last_ms {
+            return;
+        }
         if is_compaction(Some(&self.last), row) {
             self.compactions += 1;
         }
-        self.requests += 1;
-        self.last_ms = self.last_ms.max(row.at_ms);
+        self.last_ms = row.at_ms;
         self.last = row.clone();
     }
 }

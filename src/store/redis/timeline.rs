@@ -41,22 +41,24 @@ fn entry_key(id: &str) -> String {
 }
 
 /// KEYS: rows, entry. ARGV: row (JSON), owner (JSON), at_ms, checkpoint ('' for none), rows to
-/// keep, ttl ms (0: none). A new checkpoint counts as a compaction, as in
-/// [`ConversationEntry::absorb`].
+/// keep, ttl ms (0: none). As [`ConversationEntry::absorb`]: a new checkpoint counts as a
+/// compaction, and a row served before the newest known is counted but does not become the last.
 const RECORD_SCRIPT: &str = r#"
 local rows, entry = KEYS[1], KEYS[2]
 local row, owner, at, checkpoint = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local keep, ttl = tonumber(ARGV[5]), tonumber(ARGV[6])
-local previous = redis.call('HGET', entry, 'checkpoint') or ''
-if checkpoint ~= '' and checkpoint ~= previous then
-  redis.call('HINCRBY', entry, 'compactions', 1)
-end
-redis.call('HSETNX', entry, 'first_ms', ARGV[3])
+local first = tonumber(redis.call('HGET', entry, 'first_ms') or '')
+if (not first) or at < first then redis.call('HSET', entry, 'first_ms', ARGV[3]) end
 redis.call('HSETNX', entry, 'owner', owner)
 redis.call('HINCRBY', entry, 'requests', 1)
 local last = tonumber(redis.call('HGET', entry, 'last_ms') or '0')
-if at > last then redis.call('HSET', entry, 'last_ms', ARGV[3]) end
-redis.call('HSET', entry, 'checkpoint', checkpoint, 'last', row)
+if at >= last then
+  local previous = redis.call('HGET', entry, 'checkpoint') or ''
+  if checkpoint ~= '' and checkpoint ~= previous then
+    redis.call('HINCRBY', entry, 'compactions', 1)
+  end
+  redis.call('HSET', entry, 'last_ms', ARGV[3], 'checkpoint', checkpoint, 'last', row)
+end
 redis.call('RPUSH', rows, row)
 redis.call('LTRIM', rows, -keep, -1)
 if ttl > 0 then
