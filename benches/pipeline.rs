@@ -204,6 +204,43 @@ fn sse_forwarding(c: &mut Criterion) {
             },
         );
     }
+    // One event longer than any TCP read (a Responses `response.completed` carrying a long
+    // answer), arriving in 16 KiB chunks: held until its end, so each chunk must not rescan
+    // what came before.
+    let answer = "word ".repeat(180_000);
+    let long = format!(
+        "event: response.completed\ndata: {{\"type\":\"response.completed\",\"response\":{{\"output_text\":\"{answer}\",\"usage\":{{\"input_tokens\":12}}}}}}\n\n"
+    );
+    let long_chunks: Vec<Bytes> = long
+        .as_bytes()
+        .chunks(16 * 1024)
+        .map(Bytes::copy_from_slice)
+        .collect();
+    group.throughput(Throughput::Bytes(long.len() as u64));
+    for strip in [false, true] {
+        group.bench_function(
+            BenchmarkId::new("one_long_event", if strip { "strip_usage" } else { "pass" }),
+            |b| {
+                b.to_async(&runtime).iter(|| {
+                    let source = futures::stream::iter(
+                        long_chunks.clone().into_iter().map(Ok::<_, std::io::Error>),
+                    );
+                    let observed = Observed::sse(
+                        Box::pin(source),
+                        strip,
+                        &compactor::dialect::responses::Responses,
+                        Box::new(|_| {}),
+                    );
+                    async move {
+                        observed
+                            .map(|c| c.unwrap().len())
+                            .fold(0, |a, n| async move { a + n })
+                            .await
+                    }
+                })
+            },
+        );
+    }
     group.finish();
 }
 

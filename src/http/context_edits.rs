@@ -13,6 +13,7 @@ use futures::StreamExt;
 use http::{HeaderMap, HeaderValue};
 use serde_json::Value;
 
+use super::sse_events::EventSplitter;
 use crate::dialect::anthropic::edits::{self, SERVED_BETAS};
 use crate::dialect::splice::{self, Fields};
 use crate::upstream::ByteStream;
@@ -145,13 +146,13 @@ pub(super) fn map_events(
 ) -> ByteStream {
     struct Reading<F> {
         body: ByteStream,
-        pending: BytesMut,
+        events: EventSplitter,
         rewrite: F,
         done: bool,
     }
     let start = Reading {
         body,
-        pending: BytesMut::new(),
+        events: EventSplitter::default(),
         rewrite,
         done: false,
     };
@@ -162,15 +163,15 @@ pub(super) fn map_events(
             }
             match reading.body.next().await {
                 Some(Ok(chunk)) => {
-                    reading.pending.extend_from_slice(&chunk);
+                    let Reading {
+                        events, rewrite, ..
+                    } = &mut reading;
                     let mut out = Vec::new();
-                    while let Some(end) = super::stream::find_event_end(&reading.pending) {
-                        let event = reading.pending.split_to(end);
-                        out.extend_from_slice(&(reading.rewrite)(&event));
-                    }
-                    if reading.pending.len() > super::stream::MAX_HELD_EVENT_BYTES {
+                    let let_go =
+                        events.feed(&chunk, |event| out.extend_from_slice(&rewrite(event)));
+                    if let Some(overlong) = let_go {
                         // Not an event to rewrite: it goes on as it came rather than grow.
-                        out.extend_from_slice(&reading.pending.split());
+                        out.extend_from_slice(&overlong);
                     }
                     if out.is_empty() {
                         continue;
@@ -183,10 +184,7 @@ pub(super) fn map_events(
                 }
                 None => {
                     reading.done = true;
-                    if reading.pending.is_empty() {
-                        return None;
-                    }
-                    let rest = reading.pending.split().freeze();
+                    let rest = reading.events.finish()?;
                     return Some((Ok(rest), reading));
                 }
             }

@@ -6,7 +6,8 @@
 //! - [`exchange`]: the path every compacting request takes, as one value carried through its
 //!   stages (read, parse, prepare, send, retry once after an overflow, respond) to one closing
 //!   phase that logs and counts; [`probe`] reads the start of an answer for an overflow,
-//!   [`stream`] watches answers for `usage` on the way back, [`spans`] writes its trace;
+//!   [`stream`] watches answers for `usage` on the way back (their events cut out by
+//!   [`sse_events`]), [`spans`] writes its trace;
 //! - [`client_compaction`]: the compaction a Responses client asks for, when Compactor answers
 //!   it, and the items it minted coming back; [`threshold_compaction`]: the same made at a
 //!   Responses `context_management` threshold;
@@ -44,6 +45,7 @@ mod routes;
 pub mod sealing;
 pub mod served_line;
 mod spans;
+pub mod sse_events;
 mod status;
 pub mod stream;
 pub mod tenant;

@@ -2,17 +2,18 @@
 //! (read in the answer's dialect, [`Dialect::reported_usage`]), which is handed on once the body
 //! has ended or was dropped.
 //!
-//! A streaming body is split into SSE events only where the proxy added
-//! `stream_options.include_usage` itself: there the usage-only event is read and removed, so the
-//! client sees exactly the stream it asked for. Otherwise bytes pass untouched and only a bounded
-//! tail is kept to find `usage` at the end.
+//! A streaming body's events are read whole however the provider's chunks cut them
+//! ([`EventSplitter`]), and those that mention `usage` are read. Where the proxy added
+//! `stream_options.include_usage` itself, the usage-only event is also removed, so the client
+//! sees exactly the stream it asked for; everywhere else the chunks pass as they came.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use futures::Stream;
 
+use super::sse_events::EventSplitter;
 use crate::dialect::{Dialect, Usage};
 use crate::upstream::ByteStream;
 
@@ -26,7 +27,7 @@ const JSON_TAIL_LIMIT: usize = 4 * 1024 * 1024;
 pub struct Observed {
     inner: ByteStream,
     mode: ObserveMode,
-    buffer: BytesMut,
+    events: EventSplitter,
     /// A JSON body's chunks so far (reference-counted, not copied) and its length.
     json_chunks: Vec<Bytes>,
     json_len: usize,
@@ -72,7 +73,7 @@ impl Observed {
             dialect,
             inner,
             mode,
-            buffer: BytesMut::new(),
+            events: EventSplitter::default(),
             json_chunks: Vec::new(),
             json_len: 0,
             sink: Some(sink),
@@ -88,69 +89,45 @@ impl Observed {
 
     /// Handles one SSE chunk: returns what to forward now.
     fn sse_chunk(&mut self, chunk: Bytes, strip: bool) -> Bytes {
-        if !strip && !self.buffer.is_empty() {
-            self.buffer.clear();
-        }
+        let Observed {
+            events,
+            dialect,
+            usage,
+            ..
+        } = self;
         if !strip {
-            // Pass through untouched; only inspect complete lines that mention usage.
-            if memchr_usage(&chunk) {
-                self.buffer.extend_from_slice(&chunk);
-                self.scan_events(false);
-            }
+            // The chunk goes on untouched; an event too long to hold is no usage event.
+            let _let_go = events.feed(&chunk, |event| {
+                read_usage(*dialect, usage, event);
+            });
             return chunk;
         }
-        self.buffer.extend_from_slice(&chunk);
-        let out = self.scan_events(true);
+        let mut out = Vec::with_capacity(chunk.len());
+        let let_go = events.feed(&chunk, |event| {
+            if !read_usage(*dialect, usage, event).is_some_and(|only| only) {
+                out.extend_from_slice(event);
+            }
+        });
+        if let Some(overlong) = let_go {
+            out.extend_from_slice(&overlong);
+        }
         Bytes::from(out)
     }
+}
 
-    /// Walks complete events in the buffer; with `strip`, returns the bytes to forward (events
-    /// other than usage-only ones) and keeps an incomplete tail for the next chunk.
-    fn scan_events(&mut self, strip: bool) -> Vec<u8> {
-        let mut out = Vec::with_capacity(self.buffer.len());
-        while let Some(end) = find_event_end(&self.buffer) {
-            let event = self.buffer.split_to(end);
-            if let Some(data) = usage_event_data(&event) {
-                if let Some(usage) = self.dialect.reported_usage(data.as_bytes()) {
-                    let states_the_prompt = usage.input_tokens.is_some();
-                    self.usage.merge(usage);
-                    if strip && states_the_prompt && is_usage_only(&data) {
-                        continue;
-                    }
-                }
-            }
-            out.extend_from_slice(&event);
-        }
-        if !strip {
-            self.buffer.clear();
-        } else if self.buffer.len() > MAX_HELD_EVENT_BYTES {
-            // An event this long is no usage event to strip: held any longer, it would keep
-            // the stream from the client and grow without bound. It goes on as it came; its end
-            // goes on with the next chunk.
-            out.extend_from_slice(&self.buffer.split());
-        }
-        out
-    }
+/// Merges into `usage` what `event` reports, if it mentions usage. Returns whether the event
+/// stated the prompt's size and carried nothing else (the event the proxy asked for), or `None`
+/// when it reported no usage.
+fn read_usage(dialect: &dyn Dialect, usage: &mut Usage, event: &[u8]) -> Option<bool> {
+    let data = usage_event_data(event)?;
+    let reported = dialect.reported_usage(data.as_bytes())?;
+    let states_the_prompt = reported.input_tokens.is_some();
+    usage.merge(reported);
+    Some(states_the_prompt && is_usage_only(&data))
 }
 
 fn memchr_usage(chunk: &[u8]) -> bool {
-    chunk.windows(7).any(|w| w == b"\"usage\"")
-}
-
-/// The most bytes of an unfinished SSE event held back while waiting for its end.
-pub(super) const MAX_HELD_EVENT_BYTES: usize = 1 << 20;
-
-/// The end (exclusive, including the blank line) of the first complete SSE event.
-pub(super) fn find_event_end(buffer: &[u8]) -> Option<usize> {
-    let lf = buffer.windows(2).position(|w| w == b"\n\n").map(|p| p + 2);
-    let crlf = buffer
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .map(|p| p + 4);
-    match (lf, crlf) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    }
+    memchr::memmem::find(chunk, b"\"usage\"").is_some()
 }
 
 /// The data of an event that mentions `usage`.
@@ -241,17 +218,15 @@ impl Stream for Observed {
                             self.usage.merge(usage);
                         }
                         self.json_chunks.clear();
-                    } else if !self.buffer.is_empty() {
-                        // A final event without its blank line: forward it as it is.
-                        let rest = self.buffer.split().freeze();
-                        let data = usage_event_data(&rest);
-                        if let Some(usage) =
-                            data.and_then(|d| self.dialect.reported_usage(d.as_bytes()))
-                        {
-                            self.usage.merge(usage);
+                    } else if let Some(rest) = self.events.finish() {
+                        // A final event without its blank line: read, and forwarded as it is
+                        // when events are forwarded one by one.
+                        let Observed { dialect, usage, .. } = &mut *self;
+                        read_usage(*dialect, usage, &rest);
+                        if matches!(self.mode, ObserveMode::Sse { strip: true }) {
+                            self.report();
+                            return Poll::Ready(Some(Ok(rest)));
                         }
-                        self.report();
-                        return Poll::Ready(Some(Ok(rest)));
                     }
                     self.report();
                     Poll::Ready(None)
@@ -267,6 +242,7 @@ impl Stream for Observed {
 mod tests {
     use super::*;
     use crate::dialect::chat::Chat;
+    use crate::http::sse_events::MAX_HELD_EVENT_BYTES;
     use futures::StreamExt;
     use std::sync::{Arc, Mutex};
 
@@ -383,6 +359,48 @@ mod tests {
         let (s, seen) = sink();
         let done = "event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"usage\":{\"input_tokens\":321,\"output_tokens\":4}}}\n\n";
         run(Observed::sse(source(&[done]), false, &Responses, s)).await;
+        assert_eq!(*seen.lock().unwrap(), Some(321));
+    }
+
+    /// Chunks follow the provider's writes and the network, not its events: an event that
+    /// reports usage is read wherever it is cut, and passes untouched.
+    #[tokio::test]
+    async fn usage_is_read_from_an_event_cut_across_chunks() {
+        use crate::dialect::responses::Responses;
+        let answer = "word ".repeat(4_000);
+        let stream = format!(
+            "event: response.output_text.delta\ndata: {{\"type\":\"response.output_text.delta\",\"delta\":\"hi\"}}\n\nevent: response.completed\ndata: {{\"type\":\"response.completed\",\"response\":{{\"output_text\":\"{answer}\",\"usage\":{{\"input_tokens\":321,\"output_tokens\":4}}}}}}\n\n"
+        );
+        let stream: &'static str = Box::leak(stream.into_boxed_str());
+        let completed_at = stream.find("event: response.completed").unwrap();
+        for cut in [
+            completed_at + 1,
+            completed_at + 40,
+            stream.len() / 2,
+            stream.len() - 30,
+            stream.len() - 1,
+        ] {
+            for strip in [false, true] {
+                let (s, seen) = sink();
+                let (a, b) = stream.split_at(cut);
+                let out = run(Observed::sse(source(&[a, b]), strip, &Responses, s)).await;
+                assert_eq!(out, stream, "cut at {cut}");
+                assert_eq!(
+                    *seen.lock().unwrap(),
+                    Some(321),
+                    "cut at {cut}, strip {strip}"
+                );
+            }
+        }
+        // In 16 KiB chunks, as a long answer comes off the network.
+        let chunks: Vec<&'static str> = stream
+            .as_bytes()
+            .chunks(1 << 14)
+            .map(|c| std::str::from_utf8(c).unwrap())
+            .collect();
+        let (s, seen) = sink();
+        let out = run(Observed::sse(source(&chunks), false, &Responses, s)).await;
+        assert_eq!(out, stream);
         assert_eq!(*seen.lock().unwrap(), Some(321));
     }
 
