@@ -104,7 +104,8 @@ impl Observed {
         }
         let mut out = Vec::with_capacity(chunk.len());
         let let_go = events.feed(&chunk, |event| {
-            if !read_usage(*dialect, usage, event).is_some_and(|only| only) {
+            let stated_the_prompt = read_usage(*dialect, usage, event);
+            if !stated_the_prompt.is_some_and(|data| is_usage_only(&data)) {
                 out.extend_from_slice(event);
             }
         });
@@ -115,24 +116,23 @@ impl Observed {
     }
 }
 
-/// Merges into `usage` what `event` reports, if it mentions usage. Returns whether the event
-/// stated the prompt's size and carried nothing else (the event the proxy asked for), or `None`
-/// when it reported no usage.
-fn read_usage(dialect: &dyn Dialect, usage: &mut Usage, event: &[u8]) -> Option<bool> {
+/// Merges into `usage` what `event` reports, if it mentions usage. Returns the event's data
+/// when it stated the prompt's size (the usage event the proxy may have asked for).
+fn read_usage(dialect: &dyn Dialect, usage: &mut Usage, event: &[u8]) -> Option<String> {
     let data = usage_event_data(event)?;
     let reported = dialect.reported_usage(data.as_bytes())?;
     let states_the_prompt = reported.input_tokens.is_some();
     usage.merge(reported);
-    Some(states_the_prompt && is_usage_only(&data))
+    states_the_prompt.then_some(data)
 }
 
-fn memchr_usage(chunk: &[u8]) -> bool {
+fn mentions_usage(chunk: &[u8]) -> bool {
     memchr::memmem::find(chunk, b"\"usage\"").is_some()
 }
 
 /// The data of an event that mentions `usage`.
 fn usage_event_data(event: &[u8]) -> Option<String> {
-    if !memchr_usage(event) {
+    if !mentions_usage(event) {
         return None;
     }
     let text = std::str::from_utf8(event).ok()?;
