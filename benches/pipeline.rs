@@ -185,25 +185,7 @@ fn sse_forwarding(c: &mut Criterion) {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
-    for strip in [false, true] {
-        group.bench_function(
-            BenchmarkId::new("observe", if strip { "strip_usage" } else { "pass" }),
-            |b| {
-                b.to_async(&runtime).iter(|| {
-                    let source = futures::stream::iter(
-                        chunks.clone().into_iter().map(Ok::<_, std::io::Error>),
-                    );
-                    let observed = Observed::sse(Box::pin(source), strip, &Chat, Box::new(|_| {}));
-                    async move {
-                        observed
-                            .map(|c| c.unwrap().len())
-                            .fold(0, |a, n| async move { a + n })
-                            .await
-                    }
-                })
-            },
-        );
-    }
+    observe_both_ways(&mut group, &runtime, "observe", &chunks, &Chat);
     // One event longer than any TCP read (a Responses `response.completed` carrying a long
     // answer), arriving in 16 KiB chunks: held until its end, so each chunk must not rescan
     // what came before.
@@ -217,31 +199,41 @@ fn sse_forwarding(c: &mut Criterion) {
         .map(Bytes::copy_from_slice)
         .collect();
     group.throughput(Throughput::Bytes(long.len() as u64));
-    for strip in [false, true] {
-        group.bench_function(
-            BenchmarkId::new("one_long_event", if strip { "strip_usage" } else { "pass" }),
-            |b| {
-                b.to_async(&runtime).iter(|| {
-                    let source = futures::stream::iter(
-                        long_chunks.clone().into_iter().map(Ok::<_, std::io::Error>),
-                    );
-                    let observed = Observed::sse(
-                        Box::pin(source),
-                        strip,
-                        &compactor::dialect::responses::Responses,
-                        Box::new(|_| {}),
-                    );
-                    async move {
-                        observed
-                            .map(|c| c.unwrap().len())
-                            .fold(0, |a, n| async move { a + n })
-                            .await
-                    }
-                })
-            },
-        );
-    }
+    observe_both_ways(
+        &mut group,
+        &runtime,
+        "one_long_event",
+        &long_chunks,
+        &compactor::dialect::responses::Responses,
+    );
     group.finish();
+}
+
+/// `chunks` through the usage observer, passed and with the added usage event removed.
+fn observe_both_ways(
+    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    runtime: &tokio::runtime::Runtime,
+    name: &str,
+    chunks: &[Bytes],
+    dialect: &'static dyn compactor::dialect::Dialect,
+) {
+    for strip in [false, true] {
+        let way = if strip { "strip_usage" } else { "pass" };
+        group.bench_function(BenchmarkId::new(name, way), |b| {
+            b.to_async(runtime).iter(|| {
+                // The observer owns its source, as it owns a provider's body.
+                let owned = chunks.to_vec();
+                let source = futures::stream::iter(owned.into_iter().map(Ok::<_, std::io::Error>));
+                let observed = Observed::sse(Box::pin(source), strip, dialect, Box::new(|_| {}));
+                async move {
+                    observed
+                        .map(|c| c.unwrap().len())
+                        .fold(0, |a, n| async move { a + n })
+                        .await
+                }
+            })
+        });
+    }
 }
 
 /// The served-request log line, through the text formatter and written directly (the same
