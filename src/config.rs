@@ -45,6 +45,7 @@ pub struct Config {
     pub max_body_bytes: usize,
     pub connect_timeout_ms: u64,
     pub first_byte_timeout_ms: u64,
+    pub stream_idle_timeout_ms: u64,
     pub shutdown_grace_ms: u64,
     pub log_format: LogFormat,
     pub admin_token: String,
@@ -303,6 +304,7 @@ impl Config {
             );
         }
         for (key, value) in [
+            ("stream_idle_timeout_ms", self.stream_idle_timeout_ms),
             ("header_read_timeout_ms", self.header_read_timeout_ms),
             ("body_read_timeout_ms", self.body_read_timeout_ms),
             ("max_connections", self.max_connections as u64),

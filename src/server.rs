@@ -71,7 +71,8 @@ pub async fn build_with_store(
         Duration::from_millis(config.connect_timeout_ms),
         Duration::from_millis(config.first_byte_timeout_ms),
     )
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| e.to_string())?
+    .with_idle_timeout(Duration::from_millis(config.stream_idle_timeout_ms));
     let summary_base = if config.summarizer.upstream.is_empty() {
         &config.upstream
     } else {

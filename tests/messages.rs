@@ -396,3 +396,52 @@ async fn a_body_that_needs_no_change_reaches_the_provider_byte_for_byte() {
     assert!(sent.get("context_management").is_none(), "{sent}");
     assert_eq!(sent["messages"], body["messages"]);
 }
+
+/// A Messages stream the provider leaves silent after its opening events ends with Anthropic's
+/// own `error` event (the SDK raises it), once `stream_idle_timeout_ms` passes without a byte.
+#[tokio::test]
+async fn a_stream_left_silent_ends_with_anthropics_error_event() {
+    let mock = messages_mock::start().await;
+    let mut config = common::config("http://127.0.0.1:9/v1");
+    config.anthropic_upstream = mock.url();
+    config.stream_idle_timeout_ms = 300;
+    let proxy = start_proxy(config).await;
+    let body = json!({"model": "mock-stall-mid-stream", "max_tokens": 64, "stream": true,
+                      "messages": [{"role": "user", "content": "Hello"}]});
+    let response = reqwest::Client::new()
+        .post(format!("{}/v1/messages", proxy.url()))
+        .header("content-type", "application/json")
+        .header("x-api-key", "sk-test")
+        .header("anthropic-version", "2023-06-01")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let text = tokio::time::timeout(std::time::Duration::from_secs(10), response.text())
+        .await
+        .expect("the silent stream was ended")
+        .unwrap();
+    let events: Vec<&str> = text
+        .split("\n\n")
+        .filter(|e| !e.trim().is_empty())
+        .collect();
+    let names: Vec<&str> = events
+        .iter()
+        .map(|e| e.lines().next().unwrap_or(""))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "event: message_start",
+            "event: content_block_start",
+            "event: content_block_delta",
+            "event: error"
+        ],
+        "{text}"
+    );
+    let data = events[3].strip_prefix("event: error\ndata: ").unwrap();
+    let error: Value = serde_json::from_str(data).unwrap();
+    assert_eq!(error["type"], "error", "{data}");
+    assert_eq!(error["error"]["type"], "timeout_error", "{data}");
+}

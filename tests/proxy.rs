@@ -523,6 +523,51 @@ async fn a_provider_stalling_after_its_headers_is_bounded_by_the_first_byte_time
     );
 }
 
+/// A stream the provider leaves silent, from its head on or after its first event, ends once
+/// `stream_idle_timeout_ms` passes without a byte, with an `error` event the OpenAI SDKs raise
+/// (`data` holding an `error` object), after everything the provider did send.
+#[tokio::test]
+async fn a_stream_the_provider_leaves_silent_ends_with_an_error_event() {
+    let mock = start_mock().await;
+    let mut cfg = config(&mock.url());
+    cfg.stream_idle_timeout_ms = 300;
+    let proxy = start_proxy(cfg).await;
+    for (model, sent_before) in [("mock-stall-mid-stream", 1), ("mock-stall-stream", 0)] {
+        let mut body = hello(model);
+        body["stream"] = json!(true);
+        let started = Instant::now();
+        let response = client()
+            .post(chat_url(&proxy))
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        let text = tokio::time::timeout(Duration::from_secs(10), response.text())
+            .await
+            .expect("the silent stream was ended")
+            .unwrap();
+        assert!(started.elapsed() >= Duration::from_millis(300), "{model}");
+        let events: Vec<&str> = text
+            .split("\n\n")
+            .filter(|e| !e.trim().is_empty())
+            .collect();
+        assert_eq!(events.len(), sent_before + 1, "{model}: {text}");
+        if sent_before == 1 {
+            assert!(events[0].contains("\"Hel\""), "{text}");
+        }
+        let data = events[sent_before]
+            .strip_prefix("event: error\ndata: ")
+            .unwrap_or_else(|| panic!("{model}: no error event last: {text}"));
+        let error: Value = serde_json::from_str(data).unwrap();
+        assert_eq!(error["error"]["code"], "upstream_timeout", "{data}");
+        assert_eq!(error["error"]["type"], "upstream_error", "{data}");
+        let message = error["error"]["message"].as_str().unwrap();
+        assert!(message.contains("nothing for 300 ms"), "{message}");
+    }
+}
+
 #[tokio::test]
 async fn upstream_429_passes_through_verbatim() {
     let mock = start_mock().await;

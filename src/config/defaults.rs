@@ -20,6 +20,7 @@ impl Default for Config {
             max_body_bytes: 32 * 1024 * 1024,
             connect_timeout_ms: 10_000,
             first_byte_timeout_ms: 600_000,
+            stream_idle_timeout_ms: 300_000,
             shutdown_grace_ms: 30_000,
             log_format: LogFormat::Text,
             admin_token: String::new(),

@@ -13,8 +13,10 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use futures::Stream;
 
+use super::error::ApiError;
 use super::sse_events::EventSplitter;
 use crate::dialect::{Dialect, Usage};
+use crate::upstream::idle::Silent;
 use crate::upstream::ByteStream;
 
 /// Called once with what the provider reported (all of it `None` when it reported nothing),
@@ -35,6 +37,8 @@ pub struct Observed {
     usage: Usage,
     /// Reads `usage` in the answer's format.
     dialect: &'static dyn Dialect,
+    /// The stream was ended by the proxy (its provider went silent): nothing more is read.
+    ended: bool,
 }
 
 enum ObserveMode {
@@ -78,7 +82,33 @@ impl Observed {
             json_len: 0,
             sink: Some(sink),
             usage: Usage::default(),
+            ended: false,
         }
+    }
+
+    /// The last bytes of a stream the provider left silent: an `error` event in the client's
+    /// format.
+    fn silence_event(&mut self, silent: Silent) -> Bytes {
+        tracing::warn!(
+            dialect = self.dialect.name(),
+            silent_ms = silent.limit.as_millis() as u64,
+            "Ended a stream the provider left silent."
+        );
+        let error = ApiError::UpstreamTimeout(format!("upstream timed out: {silent}"));
+        let body = self.dialect.error_body(&error.client_error());
+        let mut event = Vec::new();
+        // An event cut short is let go (when events are forwarded one by one, it was held) and
+        // closed by the blank line, which after a whole event is an empty one clients skip.
+        if let Some(unfinished) = self.events.finish() {
+            if matches!(self.mode, ObserveMode::Sse { strip: true }) {
+                event.extend_from_slice(&unfinished);
+            }
+        }
+        event.extend_from_slice(b"\n\nevent: error\ndata: ");
+        event.extend_from_slice(body.to_string().as_bytes());
+        event.extend_from_slice(b"\n\n");
+        self.ended = true;
+        Bytes::from(event)
     }
 
     fn report(&mut self) {
@@ -189,6 +219,9 @@ impl Stream for Observed {
     type Item = Result<Bytes, std::io::Error>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if self.ended {
+            return Poll::Ready(None);
+        }
         loop {
             let polled = self.inner.as_mut().poll_next(cx);
             return match polled {
@@ -231,8 +264,18 @@ impl Stream for Observed {
                     self.report();
                     Poll::Ready(None)
                 }
-                // An upstream failure mid-stream ends the client's stream the same way.
-                other => other,
+                Poll::Ready(Some(Err(e))) => match (&self.mode, Silent::of(&e)) {
+                    // A stream the provider left silent ends with an error event the client's
+                    // SDK raises, rather than a cut its reader may wait on.
+                    (ObserveMode::Sse { .. }, Some(silent)) => {
+                        let event = self.silence_event(silent);
+                        self.report();
+                        Poll::Ready(Some(Ok(event)))
+                    }
+                    // Any other failure mid-stream ends the client's stream the same way.
+                    _ => Poll::Ready(Some(Err(e))),
+                },
+                Poll::Pending => Poll::Pending,
             };
         }
     }

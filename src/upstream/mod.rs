@@ -5,10 +5,12 @@
 //! every request (`benches/results/2026-12-03-floor.md`). Requests go out with the client's
 //! headers minus hop-by-hop ones (and with the configured key in place of the client's
 //! credentials, when there is one); responses come back as a status, headers and a byte stream
-//! that is never buffered. [`summarizer`] sends summary requests; [`base`] builds the URIs they
+//! that is never buffered. An answer that goes silent for longer than
+//! configured ends with an error ([`idle`]). [`summarizer`] sends summary requests; [`base`] builds the URIs they
 //! go to; [`resolve`] bounds the name lookup before a connection as the connection is bounded.
 
 mod base;
+pub mod idle;
 mod resolve;
 pub mod summarizer;
 
@@ -136,6 +138,8 @@ pub struct Upstream {
     key_header: KeyHeader,
     connect_timeout: Duration,
     first_byte_timeout: Duration,
+    /// The longest silence allowed inside an answer, once its head has arrived.
+    idle_timeout: Duration,
 }
 
 /// A client over a pool of its own, HTTP/1.1 and HTTP/2, TLS by the web PKI roots.
@@ -175,7 +179,14 @@ impl Upstream {
             key_header: KeyHeader::Bearer,
             connect_timeout,
             first_byte_timeout,
+            idle_timeout: first_byte_timeout,
         })
+    }
+
+    /// The same, with answers ended after `idle` without a byte ([`idle::IdleBound`]).
+    pub fn with_idle_timeout(mut self, idle: Duration) -> Upstream {
+        self.idle_timeout = idle;
+        self
     }
 
     /// The same provider with a connection pool of its own, for another runtime: a pooled
@@ -208,6 +219,7 @@ impl Upstream {
             key_header,
             connect_timeout: self.connect_timeout,
             first_byte_timeout: self.first_byte_timeout,
+            idle_timeout: self.idle_timeout,
         })
     }
 
@@ -292,7 +304,7 @@ impl Upstream {
         Ok(UpstreamResponse {
             status: head.status,
             headers,
-            body: Box::pin(body),
+            body: Box::pin(idle::IdleBound::new(body, self.idle_timeout)),
         })
     }
 }

@@ -258,6 +258,17 @@ async fn messages(State(state): State<Arc<MockState>>, req: Request) -> Response
         .into_iter()
         .map(|(name, data)| Ok(Bytes::from(format!("event: {name}\ndata: {data}\n\n"))))
         .collect();
+    // A provider that starts its answer and then goes silent: the opening events, then nothing.
+    if body["model"] == "mock-stall-mid-stream" {
+        let opening: Vec<_> = chunks.into_iter().take(3).collect();
+        return Response::builder()
+            .header("content-type", "text/event-stream")
+            .body(Body::from_stream(futures::StreamExt::chain(
+                futures::stream::iter(opening),
+                futures::stream::pending(),
+            )))
+            .unwrap();
+    }
     Response::builder()
         .header("content-type", "text/event-stream")
         .body(Body::from_stream(futures::stream::iter(chunks)))

@@ -276,6 +276,22 @@ async fn chat(State(state): State<Arc<MockState>>, req: Request) -> Response {
                 )))
                 .unwrap();
         }
+        // A provider that streams its first event and then goes silent.
+        "mock-stall-mid-stream" => {
+            let first = futures::stream::once(async move {
+                Ok::<_, std::io::Error>(Bytes::from(format!(
+                    "data: {}\n\n",
+                    json!({"id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": 1, "model": model, "choices": [{"index": 0, "delta": {"role": "assistant", "content": "Hel"}, "finish_reason": null}]})
+                )))
+            });
+            return Response::builder()
+                .header("content-type", "text/event-stream")
+                .body(Body::from_stream(futures::StreamExt::chain(
+                    first,
+                    futures::stream::pending(),
+                )))
+                .unwrap();
+        }
         // A provider that opens a stream and sends nothing on it.
         "mock-stall-stream" => {
             let nothing = futures::stream::pending::<Result<Bytes, std::io::Error>>();

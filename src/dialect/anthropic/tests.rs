@@ -185,6 +185,11 @@ fn errors_are_in_anthropics_shape() {
         Messages.error_body(&error(502, None, "x"))["error"]["type"],
         "api_error"
     );
+    // The type the SDK reads as a gateway timeout.
+    assert_eq!(
+        Messages.error_body(&error(504, None, "x"))["error"]["type"],
+        "timeout_error"
+    );
     assert_eq!(
         Messages.error_body(&error(404, None, "x"))["error"]["type"],
         "not_found_error"

@@ -24,6 +24,7 @@ pub fn error_kind(status: u16) -> &'static str {
         404 => "not_found_error",
         413 => "request_too_large",
         429 => "rate_limit_error",
+        504 => "timeout_error",
         529 => "overloaded_error",
         _ => "api_error",
     }
