@@ -78,6 +78,7 @@ pub struct Metrics {
     pub ready_checkpoints_used: Counter,
     pub clearings_applied: Counter,
     pub overflow_retries: Counter,
+    pub upstream_silences: Counter,
     pub store_errors: Counter,
     pub tenant_requests: Family<TenantLabel, Counter>,
     pub model_correction_factor: Family<ModelLabel, Gauge<f64, AtomicU64>>,
@@ -188,6 +189,12 @@ impl Default for Metrics {
             "Requests retried after a context-overflow error",
             overflow_retries.clone(),
         );
+        let upstream_silences = Counter::default();
+        registry.register(
+            "upstream_silences",
+            "Answers ended because the provider sent nothing for stream_idle_timeout_ms",
+            upstream_silences.clone(),
+        );
         let store_errors = Counter::default();
         registry.register(
             "store_errors",
@@ -247,6 +254,7 @@ impl Default for Metrics {
             ready_checkpoints_used,
             clearings_applied,
             overflow_retries,
+            upstream_silences,
             store_errors,
             tenant_requests,
         }

@@ -65,6 +65,10 @@ pub async fn build_with_store(
     store: Arc<dyn CheckpointStore>,
 ) -> Result<Arc<App>, String> {
     let sealer = SealingKeys::open(config, store.clone()).await?;
+    let metrics = Arc::new(
+        Metrics::default()
+            .reading_seen_elements(|| crate::dialect::registry::seen_counts().to_vec()),
+    );
     let upstream = Upstream::new(
         &config.upstream,
         config.upstream_key(),
@@ -72,7 +76,10 @@ pub async fn build_with_store(
         Duration::from_millis(config.first_byte_timeout_ms),
     )
     .map_err(|e| e.to_string())?
-    .with_idle_timeout(Duration::from_millis(config.stream_idle_timeout_ms));
+    .with_idle_timeout(
+        Duration::from_millis(config.stream_idle_timeout_ms),
+        metrics.upstream_silences.clone(),
+    );
     let summary_base = if config.summarizer.upstream.is_empty() {
         &config.upstream
     } else {
@@ -97,10 +104,6 @@ pub async fn build_with_store(
     let telemetry = Telemetry::from_config(&config.telemetry)?;
     // Read when a wire format first parses a body: set before the first request.
     crate::dialect::seen::set_capacity(config.seen_elements_bytes);
-    let metrics = Arc::new(
-        Metrics::default()
-            .reading_seen_elements(|| crate::dialect::registry::seen_counts().to_vec()),
-    );
     let (openai_continues, anthropic_continues) = config.summaries_continue();
     store.count_absorbed_errors(metrics.store_errors.clone());
     let parts = Parts {

@@ -566,6 +566,12 @@ async fn a_stream_the_provider_leaves_silent_ends_with_an_error_event() {
         let message = error["error"]["message"].as_str().unwrap();
         assert!(message.contains("nothing for 300 ms"), "{message}");
     }
+    let (_, metrics) = common::get(&format!("{}/metrics", proxy.url()), None).await;
+    assert_eq!(
+        common::metric(&metrics, "compactor_upstream_silences_total"),
+        Some(2.0),
+        "{metrics}"
+    );
 }
 
 #[tokio::test]

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::Stream;
+use prometheus_client::metrics::counter::Counter;
 use tokio::time::{Instant, Sleep};
 
 /// The provider sent nothing for `limit` in the middle of its answer.
@@ -48,16 +49,19 @@ pub struct IdleBound<S> {
     /// Armed while `inner` waits; reset only when a chunk came in between.
     timer: Option<Pin<Box<Sleep>>>,
     done: bool,
+    /// Counts the bodies ended for silence.
+    silences: Counter,
 }
 
 impl<S> IdleBound<S> {
-    pub fn new(inner: S, limit: Duration) -> IdleBound<S> {
+    pub fn new(inner: S, limit: Duration, silences: Counter) -> IdleBound<S> {
         IdleBound {
             inner,
             limit,
             last: Instant::now(),
             timer: None,
             done: false,
+            silences,
         }
     }
 }
@@ -97,6 +101,7 @@ where
             Poll::Ready(()) => {
                 this.done = true;
                 this.timer = None;
+                this.silences.inc();
                 let silent = Silent { limit: this.limit };
                 Poll::Ready(Some(Err(std::io::Error::new(
                     std::io::ErrorKind::TimedOut,
@@ -123,7 +128,11 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn pauses_shorter_than_the_limit_pass_however_long_the_whole_answer() {
-        let bounded = IdleBound::new(paced(&[90, 90, 90, 90, 90]), Duration::from_millis(100));
+        let bounded = IdleBound::new(
+            paced(&[90, 90, 90, 90, 90]),
+            Duration::from_millis(100),
+            Counter::default(),
+        );
         let items: Vec<_> = bounded.collect().await;
         assert_eq!(items.len(), 5);
         assert!(items.iter().all(|i| i.is_ok()));
@@ -132,7 +141,12 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_pause_longer_than_the_limit_ends_the_body_with_the_silence() {
         let started = Instant::now();
-        let bounded = IdleBound::new(paced(&[10, 20, 5_000, 10]), Duration::from_millis(100));
+        let silences = Counter::default();
+        let bounded = IdleBound::new(
+            paced(&[10, 20, 5_000, 10]),
+            Duration::from_millis(100),
+            silences.clone(),
+        );
         let items: Vec<_> = bounded.collect().await;
         assert_eq!(items.len(), 3, "two chunks, then the error, then nothing");
         assert!(items[..2].iter().all(|i| i.is_ok()));
@@ -146,6 +160,7 @@ mod tests {
         );
         // Cut 100 ms after the second chunk, not 100 ms after the first or at the end.
         assert_eq!(started.elapsed(), Duration::from_millis(130));
+        assert_eq!(silences.get(), 1);
     }
 
     #[tokio::test(start_paused = true)]
@@ -154,6 +169,7 @@ mod tests {
         let mut bounded = IdleBound::new(
             futures::stream::pending::<Result<Bytes, std::io::Error>>(),
             Duration::from_secs(3),
+            Counter::default(),
         );
         let first = bounded.next().await.unwrap();
         assert!(Silent::of(&first.unwrap_err()).is_some());

@@ -28,6 +28,7 @@ use hyper_util::client::legacy::connect::dns::GaiResolver;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
+use prometheus_client::metrics::counter::Counter;
 
 use base::Base;
 
@@ -140,6 +141,8 @@ pub struct Upstream {
     first_byte_timeout: Duration,
     /// The longest silence allowed inside an answer, once its head has arrived.
     idle_timeout: Duration,
+    /// Counts the answers ended for it.
+    silences: Counter,
 }
 
 /// A client over a pool of its own, HTTP/1.1 and HTTP/2, TLS by the web PKI roots.
@@ -180,12 +183,15 @@ impl Upstream {
             connect_timeout,
             first_byte_timeout,
             idle_timeout: first_byte_timeout,
+            silences: Counter::default(),
         })
     }
 
-    /// The same, with answers ended after `idle` without a byte ([`idle::IdleBound`]).
-    pub fn with_idle_timeout(mut self, idle: Duration) -> Upstream {
+    /// The same, with answers ended after `idle` without a byte ([`idle::IdleBound`]), each
+    /// one counted in `silences`.
+    pub fn with_idle_timeout(mut self, idle: Duration, silences: Counter) -> Upstream {
         self.idle_timeout = idle;
+        self.silences = silences;
         self
     }
 
@@ -220,6 +226,7 @@ impl Upstream {
             connect_timeout: self.connect_timeout,
             first_byte_timeout: self.first_byte_timeout,
             idle_timeout: self.idle_timeout,
+            silences: self.silences.clone(),
         })
     }
 
@@ -304,7 +311,11 @@ impl Upstream {
         Ok(UpstreamResponse {
             status: head.status,
             headers,
-            body: Box::pin(idle::IdleBound::new(body, self.idle_timeout)),
+            body: Box::pin(idle::IdleBound::new(
+                body,
+                self.idle_timeout,
+                self.silences.clone(),
+            )),
         })
     }
 }
