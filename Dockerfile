@@ -15,6 +15,9 @@ ARG RUST_IMAGE=rust:1-slim-bookworm
 ARG RUNTIME_IMAGE=debian:bookworm-slim
 
 FROM ${RUST_IMAGE} AS chef
+# Marks the images of the build stages (this one and the two built on it), so that the images
+# earlier builds left behind can be found and removed without touching any other image.
+LABEL io.compactor.build-stage="true"
 # make builds jemalloc (the proxy's allocator; the slim image has a C compiler but no make).
 # hadolint ignore=DL3008
 RUN apt-get update \

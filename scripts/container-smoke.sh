@@ -170,10 +170,11 @@ podman build --format docker --pull=never \
   fail "podman build of the Dockerfile"
 }
 ok "image $image built in $((SECONDS - build_started)) s"
-# Each build leaves its stages behind as untagged images (2 to 3 GB a run). Those of earlier runs
-# are removed; this build's, and the dependency layer it reused (a parent of them), are kept as
-# the next build's cache.
-podman image prune -f --filter "until=$build_started_at" >/dev/null ||
+# Each build leaves its stages behind as untagged images (2 to 3 GB a run), labelled by the
+# Dockerfile. Those of earlier runs are removed; this build's, and the dependency layer it reused
+# (a parent of them), are kept as the next build's cache.
+podman image prune -f --filter "until=$build_started_at" --filter label=io.compactor.build-stage \
+  >/dev/null ||
   echo "    (could not prune earlier builds' untagged images)" >&2
 
 # --- the podman API socket for docker-compose, and the health checks podman cannot schedule ------
