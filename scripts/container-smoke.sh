@@ -162,7 +162,6 @@ compose version
 
 step "the Dockerfile, every stage (log: $logs/image.log)"
 build_started=$SECONDS
-build_started_at=$(date +%s)
 podman build --format docker --pull=never \
   --build-arg "RUST_IMAGE=$prefix/rust:bookworm" --build-arg "RUNTIME_IMAGE=$prefix/bookworm:minbase" \
   -t "$image" . >"$logs/image.log" 2>&1 || {
@@ -171,11 +170,17 @@ podman build --format docker --pull=never \
 }
 ok "image $image built in $((SECONDS - build_started)) s"
 # Each build leaves its stages behind as untagged images (2 to 3 GB a run), labelled by the
-# Dockerfile. Those of earlier runs are removed; this build's, and the dependency layer it reused
-# (a parent of them), are kept as the next build's cache.
-podman image prune -f --filter "until=$build_started_at" --filter label=io.compactor.build-stage \
-  >/dev/null ||
-  echo "    (could not prune earlier builds' untagged images)" >&2
+# Dockerfile. Those this build neither made nor reused (its log names both) are removed, and with
+# each the parent layers no other image shares; what it made or reused stays, as the next
+# build's cache. (Removing by age instead would throw away the cached dependency layer whenever
+# a build reuses it, since it keeps the date it was first made.)
+used_layers=$(grep -oE '^--> (Using cache )?[0-9a-f]{11,64}$' "$logs/image.log" |
+  grep -oE '[0-9a-f]{11,64}$' | cut -c1-11 | sort -u || true)
+for old in $(podman images --filter dangling=true --filter label=io.compactor.build-stage \
+  --format '{{.ID}}'); do
+  grep -qx "${old:0:11}" <<<"$used_layers" || podman rmi "$old" >/dev/null ||
+    echo "    (could not remove an earlier build's image $old)" >&2
+done
 
 # --- the podman API socket for docker-compose, and the health checks podman cannot schedule ------
 socket="$logs/podman.sock"
