@@ -255,10 +255,12 @@ sidecar_failed() { tail -n 40 "$logs/sidecar.log" >&2; fail "sidecar: the agent 
 if ! sidecar_up; then
   # The agent's check (the compose file's own) makes one attempt; a name lookup it loses to the
   # network's DNS server being silent after the containers start (see the gateway below) is the
-  # platform's, so the whole file is started once more, and said.
-  grep -q "name resolution\|Name or service not known" "$logs/sidecar.log" || sidecar_failed
+  # platform's, so the whole file is started once more, and said. So is an exit status that
+  # docker-compose under podman once got wrong: non-zero after logging that the agent exited 0.
+  grep -q "name resolution\|Name or service not known\|agent-1 exited with code 0" \
+    "$logs/sidecar.log" || sidecar_failed
   tail -n 5 "$logs/sidecar.log" >&2
-  printf 'retry: the sidecar agent lost a name lookup; starting the compose file again\n'
+  printf 'retry: the sidecar agent lost a name lookup or its exit status; starting the compose file again\n'
   compose "${sidecar[@]}" down -v --remove-orphans >/dev/null 2>&1 || true
   sleep 5
   sidecar_up || sidecar_failed
