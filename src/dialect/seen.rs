@@ -176,7 +176,7 @@ pub fn split<T>(
     }
     let body = std::str::from_utf8(body).ok()?;
     let layout = layout(body, key)?;
-    let mut fields = Fields::with_capacity(layout.fields.len());
+    let mut fields = Fields::with_capacity_and_hasher(layout.fields.len(), Default::default());
     for (name, value) in layout.fields {
         let name: String = serde_json::from_str(name).ok()?;
         let value = match value {

@@ -9,6 +9,7 @@
 //! provider accepts a larger prompt.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 pub use crate::store::WindowBound;
 
@@ -112,11 +113,27 @@ const BUILT_IN: &[(&str, u64)] = &[
 ];
 
 /// Looks up windows: learned > configured > built-in > default.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct WindowTable {
     configured: BTreeMap<String, u64>,
     default: u64,
+    /// The table's answer by model name as sent. Each lookup reads every entry of both tables,
+    /// which costs a small request about 2 % of its instructions; the tables never change once
+    /// built, and a deployment sees a few models.
+    answers: Arc<quick_cache::sync::Cache<String, (u64, WindowSource)>>,
 }
+
+impl std::fmt::Debug for WindowTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WindowTable")
+            .field("configured", &self.configured)
+            .field("default", &self.default)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Model names whose table answer is kept.
+const ANSWERS_KEPT: usize = 256;
 
 /// Where a window figure came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -135,6 +152,7 @@ impl WindowTable {
                 .map(|(k, v)| (k.to_ascii_lowercase(), *v))
                 .collect(),
             default,
+            answers: Arc::new(quick_cache::sync::Cache::new(ANSWERS_KEPT)),
         }
     }
 
@@ -143,6 +161,16 @@ impl WindowTable {
         if let Some(w) = learned {
             return (w, WindowSource::Learned);
         }
+        if let Some(answer) = self.answers.get(model) {
+            return answer;
+        }
+        let answer = self.look_up(model);
+        self.answers.insert(model.to_string(), answer);
+        answer
+    }
+
+    /// The configured or built-in window for `model`: the longest name it contains.
+    fn look_up(&self, model: &str) -> (u64, WindowSource) {
         let m = model.to_ascii_lowercase();
         let configured = self
             .configured
@@ -188,6 +216,33 @@ mod tests {
             (2048, WindowSource::Learned)
         );
         assert_eq!(t.window("my-model", None), (100_000, WindowSource::Default));
+    }
+
+    #[test]
+    fn a_remembered_answer_is_the_first_one_and_learning_still_overrides_it() {
+        let mut cfg = BTreeMap::new();
+        cfg.insert("local".to_string(), 4096);
+        let t = WindowTable::new(&cfg, 100_000);
+        let names = ["gpt-4o", "GPT-4o", "my-local-model", "unknown"];
+        let first: Vec<_> = names.iter().map(|m| t.window(m, None)).collect();
+        assert_eq!(first[0], (128_000, WindowSource::BuiltIn));
+        assert_eq!(first[1], first[0]);
+        assert_eq!(first[2], (4096, WindowSource::Configured));
+        assert_eq!(first[3], (100_000, WindowSource::Default));
+        // A clone shares what the first one remembered.
+        let again = t.clone();
+        for (name, want) in names.iter().zip(&first) {
+            assert_eq!(again.window(name, None), *want);
+            assert_eq!(
+                again.window(name, Some(1000)),
+                (1000, WindowSource::Learned)
+            );
+        }
+        // More names than are kept: each still gets its own answer.
+        for n in 0..2 * ANSWERS_KEPT {
+            assert_eq!(t.window(&format!("gpt-4o-{n}"), None).0, 128_000);
+            assert_eq!(t.window(&format!("custom-{n}"), None).0, 100_000);
+        }
     }
 
     fn bound(tenant: u64, tokens: u64, at_ms: u64) -> WindowBound {

@@ -95,17 +95,23 @@ pub static CREDENTIAL_HEADERS: [HeaderName; 3] = [
 
 /// Removes hop-by-hop headers, including any the `Connection` header names.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
+    // Most messages carry one of these at most (`Connection: keep-alive`), and a removal hashes
+    // and probes the map even for an absent name: the map's names are read once instead, and
+    // only those present are removed.
+    let mut present: Vec<HeaderName> = headers
         .get_all(http::header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
         .collect();
-    for name in named {
-        headers.remove(name);
-    }
-    for name in HOP_BY_HOP {
+    present.extend(
+        headers
+            .keys()
+            .filter(|name| HOP_BY_HOP.contains(name))
+            .cloned(),
+    );
+    for name in present {
         headers.remove(name);
     }
 }
@@ -391,5 +397,24 @@ mod tests {
         strip_hop_by_hop(&mut headers);
         assert_eq!(headers.len(), 1);
         assert!(headers.contains_key("x-request-id"));
+    }
+
+    #[test]
+    fn every_hop_by_hop_header_is_removed_with_its_repeats() {
+        let mut headers = HeaderMap::new();
+        for name in &HOP_BY_HOP {
+            headers.append(name, HeaderValue::from_static("1"));
+            headers.append(name, HeaderValue::from_static("2"));
+        }
+        headers.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        headers.insert("x-request-id", HeaderValue::from_static("abc"));
+        strip_hop_by_hop(&mut headers);
+        assert_eq!(headers.len(), 1, "{headers:?}");
+        assert!(headers.contains_key("x-request-id"));
+
+        let mut none = HeaderMap::new();
+        none.insert("content-type", HeaderValue::from_static("application/json"));
+        strip_hop_by_hop(&mut none);
+        assert_eq!(none.len(), 1);
     }
 }
