@@ -10,6 +10,7 @@
 #   # default; `--log off` skips those twins) and print the log line's cost beside nginx's
 #   # per-stage costs: cargo run --release --example stage_costs
 #   # a 200k-token body in all three dialects: scripts/bench/large_dialects.py --compactor BIN
+#   # instructions per request beside nginx (callgrind; steady on a busy host): scripts/bench/instructions.py
 #   # two builds in one run, interleaved (e.g. before and after a change):
 #   scripts/bench.sh --systems compactor --baseline-compactor ../before/target/release/compactor \
 #     --baseline-name b78c675 --label before-after

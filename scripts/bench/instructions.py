@@ -2,7 +2,8 @@
 """Instructions per request: the request path's cost counted, not timed.
 
 Each system runs under valgrind's callgrind in front of the bench's nginx mock; one client sends
-small chat requests on a kept-alive connection, about `--rate` a second (so the server parks
+small chat requests on a kept-alive connection (`--kind json`: answered with a JSON completion;
+`--kind sse`: streamed, six events), about `--rate` a second (so the server parks
 between requests, as it does at a low rate), and callgrind counts the instructions the server
 executed for `--requests` of them after a warm-up. The count barely moves with the host's load
 or speed, where a latency or a rate measured on a shared machine moves by tens of percent between
@@ -35,7 +36,10 @@ sys.path.insert(0, HERE)
 from run import SMALL, write_mock_conf, write_nginx_proxy_conf  # noqa: E402
 
 MOCK_PORT, SERVER_PORT = 18731, 18732
-BODY = json.dumps(SMALL).encode()
+BODIES = {"json": json.dumps(SMALL).encode(),
+          "sse": json.dumps({**SMALL, "stream": True}).encode()}
+# Where each kind is answered: the mock streams under /sse/.
+MOCK_PREFIX = {"json": "", "sse": "/sse"}
 
 
 def wait_for_port(port, seconds=60):
@@ -51,12 +55,12 @@ def wait_for_port(port, seconds=60):
     raise SystemExit(f"nothing answered on port {port} within {seconds} s")
 
 
-def send(conn, n, rate):
+def send(conn, n, rate, kind, path):
     """Sends n requests on one kept-alive connection, about `rate` a second; all must be 200."""
     gap = 1.0 / rate if rate else 0
     for _ in range(n):
         started = time.perf_counter()
-        conn.request("POST", "/v1/chat/completions", body=BODY,
+        conn.request("POST", path, body=BODIES[kind],
                      headers={"content-type": "application/json",
                               "authorization": "Bearer sk-bench"})
         answer = conn.getresponse()
@@ -73,8 +77,9 @@ def control(pid, *args):
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def count(name, argv, env, tmp, a):
-    """Runs argv under callgrind; returns (instructions per request, the profile's path)."""
+def count(name, argv, env, tmp, a, path):
+    """Runs argv under callgrind while `path` is asked; returns (instructions per request, the
+    profile's path)."""
     out = os.path.join(tmp, f"callgrind.{re.sub(r'[^A-Za-z0-9]+', '-', name)}")
     proc = subprocess.Popen(
         ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}.%p",
@@ -85,9 +90,9 @@ def count(name, argv, env, tmp, a):
         wait_for_port(SERVER_PORT)
         conn = http.client.HTTPConnection("127.0.0.1", SERVER_PORT, timeout=60)
         control(proc.pid, "-i", "on")
-        send(conn, a.warmup, a.rate)
+        send(conn, a.warmup, a.rate, a.kind, path)
         control(proc.pid, "-z")
-        send(conn, a.requests, a.rate)
+        send(conn, a.requests, a.rate, a.kind, path)
         control(proc.pid, "-d")
         conn.close()
     finally:
@@ -126,6 +131,8 @@ def main():
                     help="also count examples/floor_proxy.rs (hyper's server and pooled client "
                          "with nothing else), built with `cargo build --release --example "
                          "floor_proxy`")
+    ap.add_argument("--kind", choices=sorted(BODIES), default="json",
+                    help="the answer the mock gives: a JSON completion or an SSE stream")
     ap.add_argument("--requests", type=int, default=1000)
     ap.add_argument("--warmup", type=int, default=200)
     ap.add_argument("--rate", type=float, default=100, help="requests a second (0: back to back)")
@@ -156,26 +163,31 @@ def main():
                 text = f.read().replace("master_process on;", "master_process off;")
             with open(conf, "w") as f:
                 f.write(text)
-            per, _ = count(f"nginx log {log_on}", [nginx, "-c", conf, "-p", tmp], {}, tmp, a)
+            per, _ = count(f"nginx log {log_on}", [nginx, "-c", conf, "-p", tmp], {}, tmp, a,
+                           f"{MOCK_PREFIX[a.kind]}/v1/chat/completions")
             rows.append(("nginx", log_on, per, None))
         if a.floor:
             argv = [os.path.abspath(a.floor), "hyper", f"127.0.0.1:{SERVER_PORT}",
                     f"127.0.0.1:{MOCK_PORT}"]
-            per, _ = count("floor", argv, {}, tmp, a)
+            per, _ = count("floor", argv, {}, tmp, a, f"{MOCK_PREFIX[a.kind]}/v1/chat/completions")
             rows.append(("hyper alone (the floor)", False, per, None))
         for name, path in builds:
             for log_on in (False, True):
                 env = {"COMPACTOR_LOG": "info" if log_on else "warn"}
-                argv = [path, "serve", "--listen", f"127.0.0.1:{SERVER_PORT}",
-                        "--upstream", f"http://127.0.0.1:{MOCK_PORT}/v1", "--store", "memory"]
-                per, profile = count(f"{name} log {log_on}", argv, env, tmp, a)
+                argv = [path, "serve", "--listen", f"127.0.0.1:{SERVER_PORT}", "--upstream",
+                        f"http://127.0.0.1:{MOCK_PORT}{MOCK_PREFIX[a.kind]}/v1",
+                        "--store", "memory"]
+                per, profile = count(f"{name} log {log_on}", argv, env, tmp, a,
+                                     "/v1/chat/completions")
                 rows.append((name, log_on, per, profile))
     finally:
         os.killpg(mock.pid, signal.SIGTERM)
         mock.wait(timeout=30)
 
     nginx_per = {log_on: per for name, log_on, per, _ in rows if name == "nginx"}
-    print(f"Instructions per small chat request (callgrind), {a.requests} requests at "
+    answer = "a JSON completion" if a.kind == "json" else "an SSE stream of six events"
+    print(f"Instructions per small chat request answered with {answer} (callgrind), "
+          f"{a.requests} requests at "
           f"{a.rate:g}/s on one kept-alive connection after {a.warmup} of warm-up.\n")
     print("| system | request log | instructions per request | ÷ nginx, same log |")
     print("|---|---|---|---|")

@@ -45,6 +45,7 @@
 pub mod anthropic;
 pub mod chat;
 pub mod edits;
+pub mod event_fields;
 pub mod media;
 pub mod media_parts;
 pub mod overflow;

@@ -153,7 +153,11 @@ fn read_usage(dialect: &dyn Dialect, usage: &mut Usage, event: &[u8]) -> Option<
 }
 
 fn mentions_usage(chunk: &[u8]) -> bool {
-    memchr::memmem::find(chunk, b"\"usage\"").is_some()
+    // Built once: `memmem::find` builds its searcher on every call, and this runs on every
+    // event of every stream.
+    static USAGE: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+        std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"\"usage\""));
+    USAGE.find(chunk).is_some()
 }
 
 /// The data of an event that mentions `usage`.

@@ -66,8 +66,7 @@ impl Dialect for Messages {
             .filter_map(|l| l.trim().strip_prefix("data:"))
             .map(str::trim)
             .find_map(|data| {
-                let value: Value = serde_json::from_str(data).ok()?;
-                (value.get("type")? == "error").then_some(())?;
+                (crate::dialect::event_fields::event_type(data)? == "error").then_some(())?;
                 overflow::classify(400, data.as_bytes())
             })
     }

@@ -59,8 +59,7 @@ impl Dialect for Chat {
             .find(|l| !l.is_empty() && !l.starts_with(':'))?
             .strip_prefix("data:")?
             .trim();
-        let value: serde_json::Value = serde_json::from_str(payload).ok()?;
-        value.get("error")?;
+        crate::dialect::event_fields::has_error(payload).then_some(())?;
         overflow::classify(400, payload.as_bytes())
     }
 

@@ -67,14 +67,20 @@ impl Dialect for Responses {
             let Some(data) = line.strip_prefix("data:") else {
                 continue;
             };
-            let Ok(event) = serde_json::from_str::<Value>(data.trim()) else {
-                continue;
-            };
-            let error = match event.get("type").and_then(Value::as_str) {
-                Some("response.failed") => event.pointer("/response/error")?.clone(),
-                Some("error") => event.get("error").cloned().unwrap_or(event.clone()),
+            let data = data.trim();
+            // Most events open or carry the answer: only an error is parsed whole.
+            let failed = match crate::dialect::event_fields::event_type(data).as_deref() {
+                Some(kind @ ("response.failed" | "error")) => kind == "response.failed",
                 Some(kind) if kind.starts_with("response.output") => return None,
                 _ => continue,
+            };
+            let Ok(event) = serde_json::from_str::<Value>(data) else {
+                continue;
+            };
+            let error = if failed {
+                event.pointer("/response/error")?.clone()
+            } else {
+                event.get("error").cloned().unwrap_or(event.clone())
             };
             return overflow::classify(400, json!({ "error": error }).to_string().as_bytes());
         }
