@@ -20,7 +20,7 @@ use serde_json::Value;
 pub type Hash = [u8; 32];
 
 /// Hex form of a hash, as stored and shown: lower case, two digits a byte. Copied out of
-/// BLAKE3's own hex text rather than formatted through `Display`, which cost three times as
+/// BLAKE3's own hex text rather than formatted through `Display`, which cost four times as
 /// many instructions (it runs a few times per request).
 pub fn hex(hash: &Hash) -> String {
     blake3::Hash::from(*hash).to_hex().as_str().to_owned()

@@ -81,11 +81,12 @@ def count(name, argv, env, tmp, a, path):
     """Runs argv under callgrind while `path` is asked; returns (instructions per request, the
     profile's path)."""
     out = os.path.join(tmp, f"callgrind.{re.sub(r'[^A-Za-z0-9]+', '-', name)}")
-    proc = subprocess.Popen(
-        ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}.%p",
-         "--instr-atstart=no", *argv],
-        env={**os.environ, **env}, stdout=subprocess.DEVNULL,
-        stderr=open(f"{out}.log", "w"), start_new_session=True)
+    with open(f"{out}.log", "w") as log:
+        proc = subprocess.Popen(
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}.%p",
+             "--instr-atstart=no", *argv],
+            env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=log,
+            start_new_session=True)
     try:
         wait_for_port(SERVER_PORT)
         conn = http.client.HTTPConnection("127.0.0.1", SERVER_PORT, timeout=60)
