@@ -33,26 +33,13 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, HERE)
-from run import SMALL, write_mock_conf, write_nginx_proxy_conf  # noqa: E402
+from run import SMALL, wait_http, write_mock_conf, write_nginx_proxy_conf  # noqa: E402
 
 MOCK_PORT, SERVER_PORT = 18731, 18732
 BODIES = {"json": json.dumps(SMALL).encode(),
           "sse": json.dumps({**SMALL, "stream": True}).encode()}
 # Where each kind is answered: the mock streams under /sse/.
 MOCK_PREFIX = {"json": "", "sse": "/sse"}
-
-
-def wait_for_port(port, seconds=60):
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-            conn.request("GET", "/healthz")
-            conn.getresponse().read()
-            return
-        except OSError:
-            time.sleep(0.2)
-    raise SystemExit(f"nothing answered on port {port} within {seconds} s")
 
 
 def send(conn, n, rate, kind, path):
@@ -88,7 +75,7 @@ def count(name, argv, env, tmp, a, path):
             env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=log,
             start_new_session=True)
     try:
-        wait_for_port(SERVER_PORT)
+        wait_http(f"http://127.0.0.1:{SERVER_PORT}/healthz")
         conn = http.client.HTTPConnection("127.0.0.1", SERVER_PORT, timeout=60)
         control(proc.pid, "-i", "on")
         send(conn, a.warmup, a.rate, a.kind, path)
@@ -155,7 +142,7 @@ def main():
                             start_new_session=True)
     rows = []
     try:
-        wait_for_port(MOCK_PORT)
+        wait_http(f"http://127.0.0.1:{MOCK_PORT}/healthz")
         for log_on in (False, True):
             conf = write_nginx_proxy_conf(tmp, SERVER_PORT, MOCK_PORT, MOCK_PORT,
                                           name=f"proxy-log-{log_on}", access_log=log_on)

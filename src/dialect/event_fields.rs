@@ -1,7 +1,8 @@
 //! One top-level field of a provider's stream event, read without building the rest of it.
 //!
-//! The first events of every stream are read to catch an error sent in place of an answer. Built
-//! into a `serde_json::Value`, each event cost a map, a string per key and a node per value (a
+//! The first events of every stream are read to catch an error sent in place of an answer, and an
+//! Anthropic stream with context edits is read event by event for its `message_delta`. Built into
+//! a `serde_json::Value`, each event cost a map, a string per key and a node per value (a
 //! Responses `response.created` event repeats the whole request's settings): some 8k
 //! instructions for a small chat stream's first event, more than the rest of the stream's
 //! handling. Here the event is still checked as JSON, but every other field is skipped.

@@ -202,8 +202,8 @@ fn annotated_event(event: &[u8], applied_edits: &Value) -> Vec<u8> {
     let Some(data) = data_line.map(str::trim) else {
         return event.to_vec();
     };
-    let is_delta = serde_json::from_str::<Value>(data)
-        .is_ok_and(|v| v.get("type").and_then(Value::as_str) == Some("message_delta"));
+    let is_delta =
+        crate::dialect::event_fields::event_type(data).as_deref() == Some("message_delta");
     let annotated = is_delta
         .then(|| with_field(data.as_bytes(), edits::FIELD, applied_edits))
         .flatten();

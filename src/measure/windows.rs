@@ -113,7 +113,7 @@ const BUILT_IN: &[(&str, u64)] = &[
 ];
 
 /// Looks up windows: learned > configured > built-in > default.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct WindowTable {
     configured: BTreeMap<String, u64>,
     default: u64,
@@ -121,15 +121,6 @@ pub struct WindowTable {
     /// which costs a small request about 2 % of its instructions; the tables never change once
     /// built, and a deployment sees a few models.
     answers: Arc<quick_cache::sync::Cache<String, (u64, WindowSource)>>,
-}
-
-impl std::fmt::Debug for WindowTable {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WindowTable")
-            .field("configured", &self.configured)
-            .field("default", &self.default)
-            .finish_non_exhaustive()
-    }
 }
 
 /// Model names whose table answer is kept.

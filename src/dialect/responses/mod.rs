@@ -70,7 +70,8 @@ impl Dialect for Responses {
             let data = data.trim();
             // Most events open or carry the answer: only an error is parsed whole.
             let failed = match crate::dialect::event_fields::event_type(data).as_deref() {
-                Some(kind @ ("response.failed" | "error")) => kind == "response.failed",
+                Some("response.failed") => true,
+                Some("error") => false,
                 Some(kind) if kind.starts_with("response.output") => return None,
                 _ => continue,
             };
