@@ -180,7 +180,7 @@ pub async fn run_tool(command: Command) -> Result<(), String> {
             }
             let context = RequestContext {
                 tenant: crate::identity::tenant(""),
-                credentials,
+                credentials: Arc::new(credentials),
                 mode: if force { Mode::Force } else { Mode::Auto },
                 instructions: None,
                 edits_served: false,

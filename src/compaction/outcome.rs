@@ -3,6 +3,7 @@
 //! ([`Outcome`], [`Status`], [`Prepared`], [`SummaryReport`]), and why it was refused or could
 //! not be compacted ([`CannotFit`], [`Refusal`], [`SummaryError`]).
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
@@ -43,8 +44,9 @@ impl Mode {
 pub struct RequestContext {
     /// Hash of the client's credential.
     pub tenant: Hash,
-    /// The client's credential headers, for summary requests made on its behalf.
-    pub credentials: HeaderMap,
+    /// The client's credential headers, for summary requests made on its behalf (shared: the
+    /// context is cloned into every conversation and background summary).
+    pub credentials: Arc<HeaderMap>,
     pub mode: Mode,
     /// `x-compactor-instructions`.
     pub instructions: Option<String>,

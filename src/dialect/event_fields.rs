@@ -6,6 +6,10 @@
 //! Responses `response.created` event repeats the whole request's settings): some 8k
 //! instructions for a small chat stream's first event, more than the rest of the stream's
 //! handling. Here the event is still checked as JSON, but every other field is skipped.
+//!
+//! An answer's `usage` is read the same way, from every answer and every usage event: the
+//! fields around it (the answer's text, its tool calls) are skipped unchecked, and only the
+//! fields asked for are read exactly.
 
 use std::borrow::Cow;
 
@@ -34,6 +38,36 @@ pub fn has_error(data: &str) -> bool {
         error: bool,
     }
     is_object(data) && serde_json::from_str::<WithError>(data).is_ok_and(|event| event.error)
+}
+
+/// The raw JSON text of the `wanted` top-level fields of the object `json` (a provider's
+/// answer or event), in the order of `wanted`; `None` when `json` is not an object holding each
+/// wanted key at most once, or is not UTF-8.
+///
+/// The other fields are skipped without being checked: the answer reaches the client as the
+/// provider sent it either way, and a caller parses each value it uses, so a malformed answer
+/// yields no usage, or the usage its well-formed fields hold. Half the instructions of a
+/// derived reader that checks every byte (4.5k fewer for a small chat completion).
+pub fn answer_fields<'a, const N: usize>(
+    json: &'a [u8],
+    wanted: [&'static str; N],
+) -> Option<[Option<&'a str>; N]> {
+    let json = std::str::from_utf8(json).ok()?;
+    super::scan::top_level(json, wanted).ok()
+}
+
+/// A field's value read exactly as `T`, when present.
+pub fn parsed<'a, T: Deserialize<'a>>(raw: Option<&'a str>) -> Option<T> {
+    serde_json::from_str(raw?).ok()
+}
+
+/// A `model` field read beside usage: absent or `null` is no name; anything but a string makes
+/// the answer unreadable (`None`), as it would for a derived reader of the whole answer.
+pub fn model_name(raw: Option<&str>) -> Option<Option<String>> {
+    match raw {
+        None => Some(None),
+        raw => parsed::<Option<String>>(raw),
+    }
 }
 
 /// A field that is there, whatever it holds.
@@ -82,5 +116,37 @@ mod tests {
         assert!(!has_error(r#"[{"message":"an array"}]"#));
         assert!(!has_error(r#"{"error":{"message":"cut"#));
         assert!(!has_error("[DONE]"));
+    }
+
+    #[test]
+    fn answer_fields_are_read_at_the_top_level_only() {
+        let answer = br#"{"id":"x","choices":[{"usage":{"inner":1},"message":{"content":"a \"usage\": {}"}}],"model":"m","usage":{"prompt_tokens":7}}"#;
+        let [model, usage, absent] = answer_fields(answer, ["model", "usage", "absent"]).unwrap();
+        assert_eq!(model, Some(r#""m""#));
+        assert_eq!(usage, Some(r#"{"prompt_tokens":7}"#));
+        assert_eq!(absent, None);
+        assert_eq!(parsed::<String>(model).as_deref(), Some("m"));
+        assert_eq!(parsed::<u64>(Some("7")), Some(7));
+        assert_eq!(
+            parsed::<u64>(Some("\"7\"")),
+            None,
+            "read exactly, not coerced"
+        );
+        assert_eq!(parsed::<u64>(None), None);
+    }
+
+    #[test]
+    fn answer_fields_refuse_what_is_not_one_object() {
+        assert_eq!(answer_fields(br#"[{"usage":1}]"#, ["usage"]), None);
+        assert_eq!(answer_fields(br#"{"usage":1,"usage":2}"#, ["usage"]), None);
+        assert_eq!(
+            answer_fields(b"{\"usage\":\xff}", ["usage"]),
+            None,
+            "not UTF-8"
+        );
+        assert_eq!(answer_fields(b"[DONE]", ["usage"]), None);
+        // Cut short: what is there is found, and its caller's exact read refuses it.
+        let [usage] = answer_fields(br#"{"usage":{"prompt_tokens":7"#, ["usage"]).unwrap();
+        assert_eq!(parsed::<serde_json::Value>(usage), None);
     }
 }

@@ -312,9 +312,30 @@ pub(super) mod tests {
         }
     }
 
+    #[test]
+    fn a_string_ends_at_its_closing_quote_wherever_its_escapes_fall() {
+        // Short and long strings, escapes anywhere in them.
+        for at in 0..70 {
+            for escape in [r#"\""#, r"\\", r"\n", r"\u0041", r#"\\\""#] {
+                for tail in [0, 1, 40] {
+                    let inner = format!("{}{escape}{}", "a".repeat(at), "b".repeat(tail));
+                    let json = format!(r#""{inner}","next""#);
+                    let end = inner.len() + 2;
+                    assert_eq!(skip_string(json.as_bytes(), 0), end, "{json}");
+                    assert_eq!(&json[end..end + 1], ",");
+                }
+            }
+        }
+        // Cut short: the end of the text, never past it.
+        for cut in ["\"abc", "\"abc\\", "\"", &format!("\"{}\\", "a".repeat(40))] {
+            assert_eq!(skip_string(cut.as_bytes(), 0), cut.len(), "{cut}");
+        }
+    }
+
     /// Any JSON value, strings drawn to hold quotes, backslashes, brackets and non-ASCII.
     pub(in crate::dialect) fn value() -> impl Strategy<Value = Value> {
-        let text = "[a-z\"\\\\{}\\[\\],: é\u{1F600}\n]{0,12}";
+        // Up to 40 characters: short strings and longer ones.
+        let text = "[a-z\"\\\\{}\\[\\],: é\u{1F600}\n]{0,40}";
         let leaf = prop_oneof![
             Just(Value::Null),
             any::<bool>().prop_map(Value::Bool),

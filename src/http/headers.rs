@@ -2,8 +2,10 @@
 //! content encoding, `x-compactor-mode`, the client's extra instructions for summaries), the
 //! client's headers as they go upstream, and the `x-compactor-*` headers set on answers.
 
+use http::header::IntoHeaderName;
 use http::{HeaderMap, HeaderName, HeaderValue};
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::app::App;
@@ -41,6 +43,7 @@ const OVERHEAD_MS: HeaderName = HeaderName::from_static("x-compactor-overhead-ms
 const COMPACTED: HeaderName = HeaderName::from_static("x-compactor-compacted");
 const TOKENS_BEFORE: HeaderName = HeaderName::from_static("x-compactor-tokens-before");
 const TOKENS_AFTER: HeaderName = HeaderName::from_static("x-compactor-tokens-after");
+const CONVERSATION: HeaderName = HeaderName::from_static("x-compactor-conversation");
 
 /// `x-compactor-instructions`: UTF-8 as sent, or an RFC 8187 value (`UTF-8''` followed by
 /// percent-encoded UTF-8) for clients that can only send ASCII headers.
@@ -88,15 +91,21 @@ const PROVIDER_HEADERS: [HeaderName; 4] = [
 
 /// The client's credential and provider headers, for summary requests made on its behalf
 /// (without the betas Compactor serves itself, which a summary request never uses).
-pub(super) fn credential_headers(headers: &HeaderMap) -> HeaderMap {
+pub(super) fn credential_headers(headers: &HeaderMap) -> Arc<HeaderMap> {
+    // One pass over the request's few headers: a lookup of each of the seven names wanted
+    // would hash and probe for each, and most are never sent.
     let mut out = HeaderMap::new();
-    for name in CREDENTIAL_HEADERS.iter().chain(&PROVIDER_HEADERS) {
-        for value in headers.get_all(name) {
+    let mut betas = false;
+    for (name, value) in headers {
+        if CREDENTIAL_HEADERS.contains(name) || PROVIDER_HEADERS.contains(name) {
+            betas |= *name == PROVIDER_HEADERS[1];
             out.append(name.clone(), value.clone());
         }
     }
-    super::context_edits::strip_served_betas(&mut out);
-    out
+    if betas {
+        super::context_edits::strip_served_betas(&mut out);
+    }
+    Arc::new(out)
 }
 
 /// The client's headers as they go upstream: our own `x-compactor-*` headers removed.
@@ -114,10 +123,10 @@ pub(super) fn forwarded_headers(headers: &HeaderMap) -> HeaderMap {
 }
 
 /// Sets a header the proxy writes; a value that is not a valid header value is left out.
-pub(super) fn set(headers: &mut HeaderMap, name: &'static str, value: impl ToString) {
+pub(super) fn set(headers: &mut HeaderMap, name: impl IntoHeaderName, value: impl ToString) {
     // From the `String` itself: its bytes become the value's without a second copy.
     if let Ok(v) = HeaderValue::try_from(value.to_string()) {
-        headers.insert(HeaderName::from_static(name), v);
+        headers.insert(name, v);
     }
 }
 
@@ -145,7 +154,7 @@ pub(super) fn outcome_headers(
     }
     // What the conversation's page and timeline endpoints name it by.
     if let (Some(_), Some(anchor)) = (app.timeline, &outcome.anchor) {
-        set(headers, "x-compactor-conversation", anchor);
+        set(headers, CONVERSATION, anchor);
     }
     if !outcome.summary_time.is_zero() {
         set(
@@ -218,5 +227,40 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn summary_requests_get_the_credential_and_provider_headers_with_their_repeats() {
+        let mut sent = HeaderMap::new();
+        sent.insert("content-type", HeaderValue::from_static("application/json"));
+        sent.append("x-api-key", HeaderValue::from_static("k1"));
+        sent.insert("anthropic-version", HeaderValue::from_static("2023-06-01"));
+        sent.append("x-api-key", HeaderValue::from_static("k2"));
+        sent.insert("authorization", HeaderValue::from_static("Bearer t"));
+        sent.insert("user-agent", HeaderValue::from_static("agent"));
+        sent.insert("openai-project", HeaderValue::from_static("p"));
+        let kept = credential_headers(&sent);
+        let values = |name: &str| -> Vec<&str> {
+            kept.get_all(name)
+                .iter()
+                .map(|v| v.to_str().unwrap())
+                .collect()
+        };
+        assert_eq!(values("x-api-key"), ["k1", "k2"], "repeats kept, in order");
+        assert_eq!(values("authorization"), ["Bearer t"]);
+        assert_eq!(values("anthropic-version"), ["2023-06-01"]);
+        assert_eq!(values("openai-project"), ["p"]);
+        assert_eq!(kept.len(), 5, "nothing else: {kept:?}");
+
+        // The betas the proxy serves itself are taken out; the client's others stay.
+        sent.insert(
+            "anthropic-beta",
+            HeaderValue::from_static("context-management-2025-06-27, files-api-2025-04-14"),
+        );
+        let kept = credential_headers(&sent);
+        assert_eq!(
+            kept.get_all("anthropic-beta").iter().collect::<Vec<_>>(),
+            ["files-api-2025-04-14"]
+        );
     }
 }

@@ -22,6 +22,7 @@ use bytes::Bytes;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
+use crate::dialect::event_fields;
 use crate::dialect::media::{Billing, Media, MediaCost};
 use crate::dialect::media_parts;
 use crate::dialect::overflow::{self, Overflow};
@@ -122,19 +123,19 @@ impl Dialect for Messages {
     /// `usage` of the answer, of a stream's `message_start` (the prompt: fresh, cached and
     /// cache-written input together) or of its `message_delta` (the output so far).
     fn reported_usage(&self, json: &[u8]) -> Option<Usage> {
-        let value: Value = serde_json::from_slice(json).ok()?;
-        let usage = wire::usage_of(&value)?;
+        let [usage, message, model] =
+            event_fields::answer_fields(json, ["usage", "message", "model"])?;
+        let [message_usage, message_model] = message
+            .and_then(|m| event_fields::answer_fields(m.as_bytes(), ["usage", "model"]))
+            .unwrap_or_default();
+        let usage: Value = event_fields::parsed(usage.or(message_usage))?;
         let field = |name: &str| usage.get(name).and_then(Value::as_u64);
-        let model = value
-            .get("model")
-            .or_else(|| value.get("message").and_then(|m| m.get("model")))
-            .and_then(Value::as_str);
         Some(Usage {
-            input_tokens: wire::prompt_tokens(usage),
+            input_tokens: wire::prompt_tokens(&usage),
             output_tokens: field("output_tokens"),
             cache_read_tokens: field("cache_read_input_tokens"),
             cache_creation_tokens: field("cache_creation_input_tokens"),
-            model: model.map(str::to_string),
+            model: event_fields::parsed(model.or(message_model)),
         })
     }
 }

@@ -138,13 +138,6 @@ pub fn prompt_tokens(usage: &Value) -> Option<u64> {
     )
 }
 
-/// The `usage` of a Messages response body, or of a stream's `message_start` event.
-pub fn usage_of(event: &Value) -> Option<&Value> {
-    event
-        .get("usage")
-        .or_else(|| event.get("message").and_then(|m| m.get("usage")))
-}
-
 /// One message rendered for the summarizer's transcript; `call_name` names the tool of a
 /// `tool_use` id. Media appear as placeholders that name them, never as their bytes.
 pub fn transcript_entry(message: &Message, call_name: &dyn Fn(&str) -> Option<String>) -> String {

@@ -20,6 +20,7 @@ pub mod view;
 use bytes::Bytes;
 use serde_json::json;
 
+use crate::dialect::event_fields;
 use crate::dialect::media::{Billing, MediaCost};
 use crate::dialect::overflow::{self, Overflow};
 use crate::dialect::{
@@ -99,26 +100,18 @@ impl Dialect for Chat {
     }
 
     /// `usage` (`prompt_tokens`, `completion_tokens`, `prompt_tokens_details.cached_tokens`)
-    /// and `model`.
+    /// and `model`; the rest of the answer is skipped ([`event_fields::answer_fields`]).
     fn reported_usage(&self, json: &[u8]) -> Option<Usage> {
-        let answer = serde_json::from_slice::<UsageOnly>(json).ok()?;
-        let usage = answer.usage?;
+        let [model, usage] = event_fields::answer_fields(json, ["model", "usage"])?;
+        let usage: ChatUsage = event_fields::parsed(usage)?;
         Some(Usage {
             input_tokens: usage.prompt_tokens,
             output_tokens: usage.completion_tokens,
             cache_read_tokens: usage.prompt_tokens_details.and_then(|d| d.cached_tokens),
             cache_creation_tokens: None,
-            model: answer.model,
+            model: event_fields::model_name(model)?,
         })
     }
-}
-
-/// Only the fields usage is read from: the rest of a (possibly large) answer is skipped without
-/// building values.
-#[derive(serde::Deserialize)]
-struct UsageOnly {
-    model: Option<String>,
-    usage: Option<ChatUsage>,
 }
 
 #[derive(serde::Deserialize)]

@@ -22,6 +22,7 @@ pub mod sealed;
 use bytes::Bytes;
 use serde_json::{json, Value};
 
+use crate::dialect::event_fields;
 use crate::dialect::overflow::{self, Overflow};
 
 use super::{AnswerError, ClientError, Dialect, RequestError, SummaryRequest, Usage, WireRequest};
@@ -105,19 +106,20 @@ impl Dialect for Responses {
     /// `usage` (`input_tokens`, `output_tokens`, `input_tokens_details.cached_tokens`) and
     /// `model` of a response, or of the response a `response.completed` event carries.
     fn reported_usage(&self, json: &[u8]) -> Option<Usage> {
-        let value: Value = serde_json::from_slice(json).ok()?;
-        let response = value.get("response").unwrap_or(&value);
-        let usage = response.get("usage").filter(|u| u.is_object())?;
+        let [response, usage, model] =
+            event_fields::answer_fields(json, ["response", "usage", "model"])?;
+        let [usage, model] = match response {
+            Some(response) => event_fields::answer_fields(response.as_bytes(), ["usage", "model"])?,
+            None => [usage, model],
+        };
+        let usage: Value = event_fields::parsed(usage).filter(Value::is_object)?;
         let count = |pointer: &str| usage.pointer(pointer).and_then(Value::as_u64);
         Some(Usage {
             input_tokens: count("/input_tokens"),
             output_tokens: count("/output_tokens"),
             cache_read_tokens: count("/input_tokens_details/cached_tokens"),
             cache_creation_tokens: None,
-            model: response
-                .get("model")
-                .and_then(Value::as_str)
-                .map(str::to_string),
+            model: event_fields::parsed(model),
         })
     }
 
