@@ -260,7 +260,7 @@ fn served_log_line(c: &mut Criterion) {
         checkpoint: "-",
         upstream_ms: 3,
         summary_ms: 0,
-        overhead_ms: 0.064_123,
+        overhead_us: 64,
     };
     let mut group = c.benchmark_group("served_log_line");
     // A request in a span (a named tenant's) takes the formatter.

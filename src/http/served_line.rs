@@ -45,7 +45,9 @@ pub struct ServedLine<'a> {
     pub checkpoint: &'a str,
     pub upstream_ms: u64,
     pub summary_ms: u64,
-    pub overhead_ms: f64,
+    /// Written as milliseconds with up to three decimals, as the `x-compactor-overhead-ms`
+    /// header gives it.
+    pub overhead_us: u64,
 }
 
 /// Logs `line` at info.
@@ -72,7 +74,7 @@ pub fn log(line: &ServedLine<'_>) {
             checkpoint = line.checkpoint,
             upstream_ms = line.upstream_ms,
             summary_ms = line.summary_ms,
-            overhead_ms = line.overhead_ms,
+            overhead_ms = line.overhead_us as f64 / 1000.0,
             "Served a {} request.",
             line.dialect
         ),
@@ -91,7 +93,7 @@ fn format_plain(line: &ServedLine<'_>, now: SystemTime, out: &mut Vec<u8>) {
     out.extend_from_slice(b" status=");
     write_integer(line.status.into(), out);
     out.extend_from_slice(b" model=");
-    let _ = write!(out, "{}", Escaped(line.model));
+    write_model(line.model, out);
     out.extend_from_slice(b" prompt_tokens=");
     write_integer(line.prompt_tokens, out);
     out.extend_from_slice(b" tokens_sent=");
@@ -109,9 +111,37 @@ fn format_plain(line: &ServedLine<'_>, now: SystemTime, out: &mut Vec<u8>) {
     out.extend_from_slice(b" summary_ms=");
     write_integer(line.summary_ms, out);
     out.extend_from_slice(b" overhead_ms=");
-    // Debug, as the formatter writes a float field (`1.0`, not `1`).
-    let _ = write!(out, "{:?}", line.overhead_ms);
+    write_milliseconds(line.overhead_us, out);
     out.push(b'\n');
+}
+
+/// The model as [`Escaped`] shows it. A name of printable ASCII without `=` or `"` (every
+/// provider's) is shown as it is, spared `core::fmt` and a copy.
+fn write_model(model: &str, out: &mut Vec<u8>) {
+    let plain = model.len() <= super::log::MAX_LOGGED_CHARS
+        && model
+            .bytes()
+            .all(|b| b.is_ascii_graphic() && b != b'=' && b != b'"');
+    if plain {
+        out.extend_from_slice(model.as_bytes());
+    } else {
+        let _ = write!(out, "{}", Escaped(model));
+    }
+}
+
+/// `micros` as milliseconds, as the formatter writes the float `micros / 1000`: its shortest
+/// decimal (`0.064`, `0.12`), with `.0` when whole. Written from integers: a float's formatting
+/// was a third of the line's cost.
+fn write_milliseconds(micros: u64, out: &mut Vec<u8>) {
+    write_integer(micros / 1000, out);
+    let mut fraction = *b".000";
+    put_digits(&mut fraction[1..], micros % 1000);
+    let digits = fraction
+        .iter()
+        .rposition(|&b| b != b'0')
+        .unwrap_or(0)
+        .max(1);
+    out.extend_from_slice(&fraction[..=digits]);
 }
 
 fn write_integer(value: u64, out: &mut Vec<u8>) {
@@ -258,7 +288,7 @@ mod tests {
                 checkpoint: "9f86d081884c7d65",
                 upstream_ms: 1_523,
                 summary_ms: 0,
-                overhead_ms: 0.064_123,
+                overhead_us: 64,
             },
             ServedLine {
                 dialect: "messages",
@@ -272,7 +302,7 @@ mod tests {
                 checkpoint: "a \"quoted\" \\ id\té",
                 upstream_ms: 0,
                 summary_ms: 61_000,
-                overhead_ms: 1.0,
+                overhead_us: 1_000,
             },
         ];
         for line in &cases {
@@ -299,6 +329,41 @@ mod tests {
             assert_eq!(theirs.len(), earliest.len(), "{theirs}{earliest}");
             assert_eq!(theirs[stamp..], earliest[stamp..]);
             assert!(earliest[..stamp] <= theirs[..stamp] && theirs[..stamp] <= latest[..stamp]);
+        }
+    }
+
+    #[test]
+    fn milliseconds_are_the_float_s_shortest_text() {
+        let micros = (0..20_000)
+            .chain((0..2_000_000).step_by(997))
+            .chain([u64::from(u32::MAX), 9_007_199_254_740]);
+        for micros in micros {
+            let mut out = Vec::new();
+            write_milliseconds(micros, &mut out);
+            let float = format!("{:?}", micros as f64 / 1000.0);
+            assert_eq!(String::from_utf8(out).unwrap(), float, "{micros} µs");
+        }
+    }
+
+    #[test]
+    fn a_model_is_shown_as_escaped_shows_it() {
+        for model in [
+            "gpt-4o-mini",
+            "claude-sonnet-4-5@20250929",
+            "org/model:Q4_K_M",
+            r"back\slash",
+            "",
+            "with space",
+            "a=b",
+            "say \"x\"",
+            "tab\t",
+            "é",
+            &"m".repeat(super::super::log::MAX_LOGGED_CHARS + 1),
+        ] {
+            let mut out = Vec::new();
+            write_model(model, &mut out);
+            let escaped = Escaped(model).to_string();
+            assert_eq!(String::from_utf8(out).unwrap(), escaped, "{model:?}");
         }
     }
 }

@@ -97,7 +97,8 @@ impl Exchange<'_> {
             checkpoint: outcome.checkpoint_id.as_deref().unwrap_or("-"),
             upstream_ms: self.upstream_time.as_millis() as u64,
             summary_ms: outcome.summary_time.as_millis() as u64,
-            overhead_ms: overhead.as_secs_f64() * 1000.0,
+            // Rounded to the microsecond, as the `x-compactor-overhead-ms` header is.
+            overhead_us: ((overhead.as_nanos() + 500) / 1000) as u64,
         });
         conversations::record(
             app,
