@@ -46,8 +46,9 @@ pub fn has_error(data: &str) -> bool {
 ///
 /// The other fields are skipped without being checked: the answer reaches the client as the
 /// provider sent it either way, and a caller parses each value it uses, so a malformed answer
-/// yields no usage, or the usage its well-formed fields hold. Half the instructions of a
-/// derived reader that checks every byte (4.5k fewer for a small chat completion).
+/// yields no usage, or the usage its well-formed fields hold. No value is built for the rest
+/// of a Responses or Anthropic answer, as it was before; a small chat completion's usage costs
+/// 5.8k instructions, against 6.3k through a derived reader that checks every byte.
 pub fn answer_fields<'a, const N: usize>(
     json: &'a [u8],
     wanted: [&'static str; N],

@@ -84,10 +84,12 @@ pub(super) fn mode(headers: &HeaderMap) -> Result<Mode, ApiError> {
 /// summary that continues the conversation carries its beta tools and features).
 const PROVIDER_HEADERS: [HeaderName; 4] = [
     HeaderName::from_static("anthropic-version"),
-    HeaderName::from_static("anthropic-beta"),
+    ANTHROPIC_BETA,
     HeaderName::from_static("openai-organization"),
     HeaderName::from_static("openai-project"),
 ];
+
+const ANTHROPIC_BETA: HeaderName = HeaderName::from_static("anthropic-beta");
 
 /// The client's credential and provider headers, for summary requests made on its behalf
 /// (without the betas Compactor serves itself, which a summary request never uses).
@@ -98,7 +100,7 @@ pub(super) fn credential_headers(headers: &HeaderMap) -> Arc<HeaderMap> {
     let mut betas = false;
     for (name, value) in headers {
         if CREDENTIAL_HEADERS.contains(name) || PROVIDER_HEADERS.contains(name) {
-            betas |= *name == PROVIDER_HEADERS[1];
+            betas |= *name == ANTHROPIC_BETA;
             out.append(name.clone(), value.clone());
         }
     }
