@@ -8,7 +8,7 @@ use axum::response::Response;
 
 use super::super::context_edits;
 use super::super::conversations;
-use super::super::headers::{outcome_headers, set};
+use super::super::headers::{outcome_headers, rounded_micros, set};
 use super::super::log::Escaped;
 use super::super::probe::is_sse;
 use super::super::served_line::{self, ServedLine};
@@ -97,8 +97,7 @@ impl Exchange<'_> {
             checkpoint: outcome.checkpoint_id.as_deref().unwrap_or("-"),
             upstream_ms: self.upstream_time.as_millis() as u64,
             summary_ms: outcome.summary_time.as_millis() as u64,
-            // Rounded to the microsecond, as the `x-compactor-overhead-ms` header is.
-            overhead_us: ((overhead.as_nanos() + 500) / 1000) as u64,
+            overhead_us: rounded_micros(overhead),
         });
         conversations::record(
             app,
