@@ -189,18 +189,22 @@ pub(super) fn rounded_micros(duration: Duration) -> u64 {
         .saturating_add(u64::from((duration.subsec_nanos() + 500) / 1000))
 }
 
-/// `duration` in milliseconds with three decimals (`0.046`), rounded to the microsecond. Written
-/// from integers, sparing every request a float's formatting.
+/// `duration` in milliseconds with three decimals (`0.046`), rounded to the microsecond.
 fn milliseconds_to_the_microsecond(duration: Duration) -> HeaderValue {
-    let micros = rounded_micros(duration);
-    let mut text = String::with_capacity(24);
-    text.push_str(itoa::Buffer::new().format(micros / 1000));
-    text.push('.');
-    let fraction = micros % 1000;
-    for digit in [fraction / 100, fraction / 10 % 10, fraction % 10] {
-        text.push(char::from(b'0' + digit as u8));
-    }
+    let mut text = Vec::with_capacity(24);
+    write_milliseconds(rounded_micros(duration), &mut text);
     HeaderValue::try_from(text).unwrap_or(HeaderValue::from_static("0.000"))
+}
+
+/// `micros` as milliseconds with three decimals (`0.046`), written from integers, sparing every
+/// request a float's formatting.
+pub(super) fn write_milliseconds(micros: u64, out: &mut Vec<u8>) {
+    out.extend_from_slice(itoa::Buffer::new().format(micros / 1000).as_bytes());
+    let fraction = micros % 1000;
+    out.push(b'.');
+    for digit in [fraction / 100, fraction / 10 % 10, fraction % 10] {
+        out.push(b'0' + digit as u8);
+    }
 }
 
 #[cfg(test)]

@@ -133,15 +133,11 @@ fn write_model(model: &str, out: &mut Vec<u8>) {
 /// decimal (`0.064`, `0.12`), with `.0` when whole. Written from integers: a float's formatting
 /// was a third of the line's cost.
 fn write_milliseconds(micros: u64, out: &mut Vec<u8>) {
-    write_integer(micros / 1000, out);
-    let mut fraction = *b".000";
-    put_digits(&mut fraction[1..], micros % 1000);
-    let digits = fraction
-        .iter()
-        .rposition(|&b| b != b'0')
-        .unwrap_or(0)
-        .max(1);
-    out.extend_from_slice(&fraction[..=digits]);
+    super::headers::write_milliseconds(micros, out);
+    // The float's shortest text: the trailing zeros of the three decimals dropped, one kept.
+    while out.ends_with(b"0") && !out.ends_with(b".0") {
+        out.pop();
+    }
 }
 
 fn write_integer(value: u64, out: &mut Vec<u8>) {
