@@ -254,11 +254,10 @@ pub async fn serve_connections(
             let anthropic = crate::http::error::is_messages_path(request.uri().path());
             let request = request.map(axum::body::Body::new);
             let response = match Direct::of(request.method(), request.uri().path()) {
-                // Boxed, as the router boxes its handlers: hyper keeps room for the service's
-                // future for as long as the connection lives, and this one is kilobytes.
+                // Not boxed again: the handler inside is boxed where it is made, so what
+                // hyper keeps room for, for as long as the connection lives, is small.
                 Some(route) => direct::serve(app.clone(), route, request)
                     .map(Ok)
-                    .boxed()
                     .left_future(),
                 None => router.clone().oneshot(request).right_future(),
             };

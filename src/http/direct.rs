@@ -12,6 +12,7 @@ use std::sync::Arc;
 use axum::extract::{Request, State};
 use axum::response::Response;
 use axum::Extension;
+use futures::future::BoxFuture;
 use futures::FutureExt;
 use http::Method;
 use tracing::Instrument;
@@ -63,19 +64,23 @@ impl Direct {
     }
 
     /// The route's handler, once the tenant is known (the router's layers, or [`serve`]).
-    pub async fn handle(
+    ///
+    /// Boxed here, where it is made: a handler's future is kilobytes, and every layer that
+    /// holds it (the span, the panic guard, hyper's connection) would otherwise copy it whole
+    /// as it is built around it.
+    pub fn handle(
         self,
         app: State<Arc<App>>,
         tenant: Extension<Tenant>,
         request: Request,
-    ) -> Response {
+    ) -> BoxFuture<'static, Response> {
         match self {
-            Direct::Chat => routes::chat(app, tenant, request).await,
-            Direct::Messages => routes::messages(app, tenant, request).await,
-            Direct::CountTokens => routes::count_tokens(app, tenant, request).await,
-            Direct::Responses => routes::responses(app, tenant, request).await,
-            Direct::InputTokens => routes::input_tokens(app, tenant, request).await,
-            Direct::Compact => client_compaction::compact(app, tenant, request).await,
+            Direct::Chat => routes::chat(app, tenant, request).boxed(),
+            Direct::Messages => routes::messages(app, tenant, request).boxed(),
+            Direct::CountTokens => routes::count_tokens(app, tenant, request).boxed(),
+            Direct::Responses => routes::responses(app, tenant, request).boxed(),
+            Direct::InputTokens => routes::input_tokens(app, tenant, request).boxed(),
+            Direct::Compact => client_compaction::compact(app, tenant, request).boxed(),
         }
     }
 }
@@ -162,6 +167,22 @@ mod tests {
         assert!(body["error"]["message"]
             .as_str()
             .is_some_and(|m| m.contains("internal error")));
+    }
+
+    /// Hyper keeps room for a connection's service future as long as the connection lives, and
+    /// every layer around a handler copies what it holds: the handler's kilobytes stay in its
+    /// box, whichever route it is.
+    #[tokio::test]
+    async fn a_served_request_holds_its_handler_boxed() {
+        let app = crate::server::build(&Config::default()).await.unwrap();
+        for route in Direct::ALL {
+            let request = http::Request::post(route.path())
+                .body(axum::body::Body::empty())
+                .unwrap();
+            let served = serve(app.clone(), route, request);
+            let size = std::mem::size_of_val(&served);
+            assert!(size < 2048, "{}: {size} bytes", route.path());
+        }
     }
 
     /// The router serves the same table: a POST reaches the compacting handler (a body that is

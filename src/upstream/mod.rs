@@ -95,22 +95,31 @@ pub static CREDENTIAL_HEADERS: [HeaderName; 3] = [
 
 /// Removes hop-by-hop headers, including any the `Connection` header names.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // Most messages carry one of these at most (`Connection: keep-alive`), and a removal hashes
-    // and probes the map even for an absent name: the map's names are read once instead, and
-    // only those present are removed.
-    let mut present: Vec<HeaderName> = headers
-        .get_all(http::header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+    // The map's names are read once and only those present are removed: a removal hashes and
+    // probes the map even for an absent name. What `Connection` lists is kept as text and
+    // matched ignoring case (a map's names are lowercase), not parsed into header names, which
+    // copies each; the usual `keep-alive` and `close` need no matching at all.
+    let mut listed: Vec<&str> = Vec::new();
+    for value in headers.get_all(http::header::CONNECTION) {
+        let Ok(value) = value.to_str() else { continue };
+        for name in value.split(',').map(str::trim) {
+            let always = name.eq_ignore_ascii_case("close")
+                || HOP_BY_HOP
+                    .iter()
+                    .any(|h| name.eq_ignore_ascii_case(h.as_str()));
+            if !always {
+                listed.push(name);
+            }
+        }
+    }
+    let present: Vec<HeaderName> = headers
+        .keys()
+        .filter(|name| {
+            HOP_BY_HOP.contains(name)
+                || listed.iter().any(|l| l.eq_ignore_ascii_case(name.as_str()))
+        })
+        .cloned()
         .collect();
-    present.extend(
-        headers
-            .keys()
-            .filter(|name| HOP_BY_HOP.contains(name))
-            .cloned(),
-    );
     for name in present {
         headers.remove(name);
     }
@@ -397,6 +406,18 @@ mod tests {
         strip_hop_by_hop(&mut headers);
         assert_eq!(headers.len(), 1);
         assert!(headers.contains_key("x-request-id"));
+
+        // Names listed in any of several `Connection` headers, in any case and spacing.
+        let mut headers = HeaderMap::new();
+        headers.append("connection", HeaderValue::from_static("X-Private ,close"));
+        headers.append("connection", HeaderValue::from_static(" x-Other"));
+        headers.append("x-private", HeaderValue::from_static("1"));
+        headers.append("x-private", HeaderValue::from_static("2"));
+        headers.insert("x-other", HeaderValue::from_static("1"));
+        headers.insert("x-kept", HeaderValue::from_static("1"));
+        strip_hop_by_hop(&mut headers);
+        let left: Vec<&str> = headers.keys().map(|n| n.as_str()).collect();
+        assert_eq!(left, ["x-kept"]);
     }
 
     #[test]
