@@ -98,10 +98,10 @@ impl Telemetry {
             .with_kind(SpanKind::Server)
             .start_with_context(&exporting.tracer, &parent);
         Span {
-            recording: Some(Recording {
+            recording: Some(Box::new(Recording {
                 tracer: exporting.tracer.clone(),
                 span,
-            }),
+            })),
         }
     }
 
@@ -133,7 +133,9 @@ fn traces_url(base: &str) -> String {
 /// One span, ended when dropped (or by [`Span::end`]); empty when traces are off.
 #[derive(Default)]
 pub struct Span {
-    recording: Option<Recording>,
+    /// Boxed: a recording span is half a kilobyte, and every request carries several spans
+    /// through futures that are moved whole, traces on or off.
+    recording: Option<Box<Recording>>,
 }
 
 struct Recording {
@@ -217,10 +219,10 @@ impl Span {
             builder = builder.with_start_time(start);
         }
         Span {
-            recording: Some(Recording {
+            recording: Some(Box::new(Recording {
                 tracer: parent.tracer.clone(),
                 span: builder.start_with_context(&parent.tracer, &context),
-            }),
+            })),
         }
     }
 
