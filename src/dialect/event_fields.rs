@@ -37,7 +37,14 @@ pub fn has_error(data: &str) -> bool {
         #[serde(default, deserialize_with = "present")]
         error: bool,
     }
-    is_object(data) && serde_json::from_str::<WithError>(data).is_ok_and(|event| event.error)
+    // A key `error` is written `"error"` unless a character of it is escaped: an event with
+    // neither that text nor a backslash (a stream's usual first event) has none, and is not
+    // parsed.
+    let may_hold_one = memchr::memmem::find(data.as_bytes(), b"\"error\"").is_some()
+        || memchr::memchr(b'\\', data.as_bytes()).is_some();
+    may_hold_one
+        && is_object(data)
+        && serde_json::from_str::<WithError>(data).is_ok_and(|event| event.error)
 }
 
 /// The raw JSON text of the `wanted` top-level fields of the object `json` (a provider's
@@ -117,6 +124,10 @@ mod tests {
         assert!(!has_error(r#"[{"message":"an array"}]"#));
         assert!(!has_error(r#"{"error":{"message":"cut"#));
         assert!(!has_error("[DONE]"));
+        // An escaped key is the same key; an escaped value or a longer key is not one.
+        assert!(has_error(r#"{"id":"x","\u0065rror":{"message":"too long"}}"#));
+        assert!(!has_error(r#"{"choices":[{"delta":{"content":"\"error\""}}]}"#));
+        assert!(!has_error(r#"{"errors":[],"id":"a\nb"}"#));
     }
 
     #[test]
