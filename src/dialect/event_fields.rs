@@ -125,8 +125,12 @@ mod tests {
         assert!(!has_error(r#"{"error":{"message":"cut"#));
         assert!(!has_error("[DONE]"));
         // An escaped key is the same key; an escaped value or a longer key is not one.
-        assert!(has_error(r#"{"id":"x","\u0065rror":{"message":"too long"}}"#));
-        assert!(!has_error(r#"{"choices":[{"delta":{"content":"\"error\""}}]}"#));
+        assert!(has_error(
+            r#"{"id":"x","\u0065rror":{"message":"too long"}}"#
+        ));
+        assert!(!has_error(
+            r#"{"choices":[{"delta":{"content":"\"error\""}}]}"#
+        ));
         assert!(!has_error(r#"{"errors":[],"id":"a\nb"}"#));
     }
 
