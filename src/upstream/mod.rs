@@ -98,16 +98,15 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // The map's names are read once and only those present are removed: a removal hashes and
     // probes the map even for an absent name. What `Connection` lists is kept as text and
     // matched ignoring case (a map's names are lowercase), not parsed into header names, which
-    // copies each; the usual `keep-alive` and `close` need no matching at all.
+    // copies each; names removed anyway (the usual `keep-alive`) need no matching at all.
     let mut listed: Vec<&str> = Vec::new();
     for value in headers.get_all(http::header::CONNECTION) {
         let Ok(value) = value.to_str() else { continue };
         for name in value.split(',').map(str::trim) {
-            let always = name.eq_ignore_ascii_case("close")
-                || HOP_BY_HOP
-                    .iter()
-                    .any(|h| name.eq_ignore_ascii_case(h.as_str()));
-            if !always {
+            if !HOP_BY_HOP
+                .iter()
+                .any(|h| name.eq_ignore_ascii_case(h.as_str()))
+            {
                 listed.push(name);
             }
         }
@@ -415,6 +414,8 @@ mod tests {
         headers.append("x-private", HeaderValue::from_static("2"));
         headers.insert("x-other", HeaderValue::from_static("1"));
         headers.insert("x-kept", HeaderValue::from_static("1"));
+        // `close` is an option, and a field of that name goes too (RFC 9110, 7.6.1).
+        headers.insert("close", HeaderValue::from_static("1"));
         strip_hop_by_hop(&mut headers);
         let left: Vec<&str> = headers.keys().map(|n| n.as_str()).collect();
         assert_eq!(left, ["x-kept"]);
