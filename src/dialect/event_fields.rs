@@ -40,7 +40,11 @@ pub fn has_error(data: &str) -> bool {
     // A key `error` is written `"error"` unless a character of it is escaped: an event with
     // neither that text nor a backslash (a stream's usual first event) has none, and is not
     // parsed.
-    let may_hold_one = memchr::memmem::find(data.as_bytes(), b"\"error\"").is_some()
+    // The searcher is built once, as `http::stream`'s for `usage`: `memmem::find` builds one
+    // on every call, and this runs on every stream.
+    static ERROR_KEY: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+        std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"\"error\""));
+    let may_hold_one = ERROR_KEY.find(data.as_bytes()).is_some()
         || memchr::memchr(b'\\', data.as_bytes()).is_some();
     may_hold_one
         && is_object(data)
