@@ -13,6 +13,7 @@ use futures::StreamExt;
 use http::{HeaderMap, HeaderValue};
 use serde_json::Value;
 
+use super::headers::ANTHROPIC_BETA;
 use super::sse_events::EventSplitter;
 use crate::dialect::anthropic::edits::{self, SERVED_BETAS};
 use crate::dialect::splice::{self, Fields};
@@ -25,11 +26,11 @@ const MAX_ANSWER_BYTES: usize = 4 * 1024 * 1024;
 /// that does not know them is not asked for them; the header goes when nothing is left.
 pub(super) fn strip_served_betas(headers: &mut HeaderMap) {
     // Every request's summary headers pass through here: most carry no betas at all.
-    if !headers.contains_key("anthropic-beta") {
+    if !headers.contains_key(ANTHROPIC_BETA) {
         return;
     }
     let kept: Vec<String> = headers
-        .get_all("anthropic-beta")
+        .get_all(ANTHROPIC_BETA)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
@@ -37,10 +38,10 @@ pub(super) fn strip_served_betas(headers: &mut HeaderMap) {
         .filter(|flag| !flag.is_empty() && !SERVED_BETAS.contains(flag))
         .map(str::to_string)
         .collect();
-    headers.remove("anthropic-beta");
+    headers.remove(ANTHROPIC_BETA);
     if let Ok(value) = HeaderValue::from_str(&kept.join(",")) {
         if !kept.is_empty() {
-            headers.insert("anthropic-beta", value);
+            headers.insert(ANTHROPIC_BETA, value);
         }
     }
 }

@@ -89,7 +89,8 @@ const PROVIDER_HEADERS: [HeaderName; 4] = [
     HeaderName::from_static("openai-project"),
 ];
 
-const ANTHROPIC_BETA: HeaderName = HeaderName::from_static("anthropic-beta");
+/// Named once: a name given as text is checked and hashed from its bytes at every use.
+pub(super) const ANTHROPIC_BETA: HeaderName = HeaderName::from_static("anthropic-beta");
 
 /// The client's credential and provider headers, for summary requests made on its behalf
 /// (without the betas Compactor serves itself, which a summary request never uses).
