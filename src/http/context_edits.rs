@@ -10,10 +10,9 @@
 
 use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
-use http::{HeaderMap, HeaderValue};
+use http::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::Value;
 
-use super::headers::ANTHROPIC_BETA;
 use super::sse_events::EventSplitter;
 use crate::dialect::anthropic::edits::{self, SERVED_BETAS};
 use crate::dialect::splice::{self, Fields};
@@ -21,6 +20,9 @@ use crate::upstream::ByteStream;
 
 /// Most bytes of a whole answer held to add the object; a larger one goes on as it came.
 const MAX_ANSWER_BYTES: usize = 4 * 1024 * 1024;
+
+/// Named once: a name given as text is checked and hashed from its bytes at every use.
+pub(super) const ANTHROPIC_BETA: HeaderName = HeaderName::from_static("anthropic-beta");
 
 /// Takes the flags of the features Compactor serves itself off `anthropic-beta`, so a provider
 /// that does not know them is not asked for them; the header goes when nothing is left.

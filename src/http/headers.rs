@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::app::App;
+use super::context_edits::ANTHROPIC_BETA;
 use super::error::ApiError;
 use crate::compaction::{Mode, Outcome};
 use crate::upstream::CREDENTIAL_HEADERS;
@@ -88,9 +89,6 @@ const PROVIDER_HEADERS: [HeaderName; 4] = [
     HeaderName::from_static("openai-organization"),
     HeaderName::from_static("openai-project"),
 ];
-
-/// Named once: a name given as text is checked and hashed from its bytes at every use.
-pub(super) const ANTHROPIC_BETA: HeaderName = HeaderName::from_static("anthropic-beta");
 
 /// The client's credential and provider headers, for summary requests made on its behalf
 /// (without the betas Compactor serves itself, which a summary request never uses).
