@@ -336,6 +336,22 @@ async fn embeddings_pass_through_with_query_and_headers() {
     assert_eq!(others[0].headers["content-type"], "application/json");
     // The proxy's own headers stay with the proxy.
     assert!(others[0].headers.get("x-compactor-mode").is_none());
+    // The provider is asked for by its own name, on a passed request and a compacted one.
+    assert_eq!(others[0].headers["host"], mock.addr.to_string());
+    let chat = client()
+        .post(format!("{}/v1/chat/completions", proxy.url()))
+        .header("host", "proxy.example:8787")
+        .header("content-type", "application/json")
+        .body(
+            json!({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}).to_string(),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(chat.status(), 200);
+    let chats = mock.state.chats.lock().unwrap().clone();
+    assert_eq!(chats[0].headers["host"], mock.addr.to_string());
+    assert_eq!(chats[0].headers.get_all("host").iter().count(), 1);
 }
 
 #[tokio::test]

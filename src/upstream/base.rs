@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use http::Uri;
+use http::{HeaderValue, Uri};
 use url::Url;
 
 use super::UpstreamError;
@@ -16,6 +16,8 @@ pub(super) struct Base {
     /// The same as text, when it has no query or fragment: plain paths are joined onto it
     /// without the URL library ([`Base::uri_for`]).
     text: Option<Arc<str>>,
+    /// The `Host` header of every request to a plain-HTTP base ([`Base::host_header`]).
+    host_header: Option<HeaderValue>,
 }
 
 impl Base {
@@ -27,7 +29,21 @@ impl Base {
         // Joining a path onto the text would put it after a query or fragment.
         let text = (url.query().is_none() && url.fragment().is_none())
             .then(|| url.as_str().trim_end_matches('/').into());
-        Ok(Base { url, text })
+        let host_header = plain_http_host(&url);
+        Ok(Base {
+            url,
+            text,
+            host_header,
+        })
+    }
+
+    /// The `Host` header a request to this base carries, made once, when the base is plain
+    /// HTTP. Such a connection is always HTTP/1.1 (HTTP/2 is only offered over TLS), where the
+    /// client library would otherwise write the same value (the host, and the port unless it
+    /// is the scheme's) afresh for every request. Over TLS the header is left to the library:
+    /// an HTTP/2 connection carries the authority in `:authority` instead.
+    pub(super) fn host_header(&self) -> Option<&HeaderValue> {
+        self.host_header.as_ref()
     }
 
     /// The host the base URL names.
@@ -99,6 +115,19 @@ impl Base {
     }
 }
 
+/// `host[:port]` of a plain-HTTP `url`, the port written only when it is not 80.
+fn plain_http_host(url: &Url) -> Option<HeaderValue> {
+    if url.scheme() != "http" {
+        return None;
+    }
+    let host = url.host_str()?;
+    let text = match url.port() {
+        Some(port) => format!("{host}:{port}"),
+        None => host.to_string(),
+    };
+    HeaderValue::try_from(text).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -109,6 +138,34 @@ mod tests {
             .uri_for(path)
             .map(|u| u.to_string())
             .unwrap_or_else(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_plain_http_base_names_its_host_as_the_client_library_would() {
+        let host = |base: &str| {
+            Base::parse(base)
+                .unwrap()
+                .host_header()
+                .map(|v| v.to_str().unwrap().to_string())
+        };
+        assert_eq!(
+            host("http://127.0.0.1:8080/v1").as_deref(),
+            Some("127.0.0.1:8080")
+        );
+        // The scheme's own port is left out, stated or not.
+        assert_eq!(
+            host("http://llm.internal/v1").as_deref(),
+            Some("llm.internal")
+        );
+        assert_eq!(
+            host("http://llm.internal:80/v1").as_deref(),
+            Some("llm.internal")
+        );
+        assert_eq!(host("http://[::1]:9000").as_deref(), Some("[::1]:9000"));
+        assert_eq!(host("http://user:pw@h:1/openai/").as_deref(), Some("h:1"));
+        // Over TLS the connection may be HTTP/2, which names the host in `:authority`.
+        assert_eq!(host("https://api.openai.com/v1"), None);
+        assert_eq!(host("https://127.0.0.1:8443"), None);
     }
 
     #[test]

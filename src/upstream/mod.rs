@@ -275,8 +275,16 @@ impl Upstream {
     ) -> Result<UpstreamResponse, UpstreamError> {
         let uri = self.base.uri_for(path_and_query)?;
         strip_hop_by_hop(&mut headers);
-        // The client sets `Host` from the URI.
-        headers.remove(http::header::HOST);
+        // The provider's host, not the proxy's: made once for a plain-HTTP base, else set
+        // by the client library from the URI.
+        match self.base.host_header() {
+            Some(host) => {
+                headers.insert(http::header::HOST, host.clone());
+            }
+            None => {
+                headers.remove(http::header::HOST);
+            }
+        }
         // A buffered body gets its length from the client library; a streamed one is the
         // client's own upload, sent with the length the client declared (not chunked: some
         // servers do not accept chunked uploads).
