@@ -111,17 +111,23 @@ pub(super) fn credential_headers(headers: &HeaderMap) -> Arc<HeaderMap> {
 
 /// The client's headers as they go upstream: our own `x-compactor-*` headers removed.
 pub(super) fn forwarded_headers(headers: &HeaderMap) -> HeaderMap {
-    let mut out = headers.clone();
-    let own: Vec<HeaderName> = out
-        .keys()
-        .filter(|k| k.as_str().starts_with("x-compactor-"))
-        .cloned()
-        .collect();
-    for name in own {
-        out.remove(name);
+    // Copied into a map with room for what is added on the way. A clone would hold exactly
+    // the entries the client sent, and the map lives on: hyper keeps a connection's last
+    // request map to parse the provider's answer into, and the answer's headers and then
+    // the `x-compactor-*` ones would grow it twice (an index table can have room while its
+    // entries have none, and `HeaderMap::reserve` then does nothing).
+    let mut out = HeaderMap::with_capacity(headers.len() + ADDED_ON_THE_WAY);
+    for (name, value) in headers {
+        if !name.as_str().starts_with("x-compactor-") {
+            out.append(name.clone(), value.clone());
+        }
     }
     out
 }
+
+/// Headers a forwarded map takes on after the client's: the provider's `Host`, a configured
+/// key, trace context, and in the answer the provider's own and [`outcome_headers`].
+const ADDED_ON_THE_WAY: usize = 8 + OUTCOME_HEADERS_AT_MOST;
 
 /// Sets a header the proxy writes; a value that is not a valid header value is left out.
 pub(super) fn set(headers: &mut HeaderMap, name: impl IntoHeaderName, value: impl ToString) {
@@ -237,6 +243,33 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn forwarded_headers_keep_the_clients_in_order_and_leave_room_for_the_answers() {
+        let mut sent = HeaderMap::new();
+        sent.insert("content-type", HeaderValue::from_static("application/json"));
+        sent.append("x-api-key", HeaderValue::from_static("k1"));
+        sent.insert("x-compactor-mode", HeaderValue::from_static("off"));
+        sent.append("x-api-key", HeaderValue::from_static("k2"));
+        sent.insert("user-agent", HeaderValue::from_static("agent"));
+        sent.insert("X-Compactor-Window", HeaderValue::from_static("4000"));
+        let forwarded = forwarded_headers(&sent);
+        let pairs: Vec<(&str, &str)> = forwarded
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.to_str().unwrap()))
+            .collect();
+        assert_eq!(
+            pairs,
+            [
+                ("content-type", "application/json"),
+                ("x-api-key", "k1"),
+                ("x-api-key", "k2"),
+                ("user-agent", "agent"),
+            ]
+        );
+        // Room for an answer's headers and the proxy's own beside them, without growing.
+        assert!(forwarded.capacity() >= forwarded.len() + ADDED_ON_THE_WAY);
     }
 
     #[test]
