@@ -38,7 +38,9 @@ impl Base {
     }
 
     /// The `Host` header a request to this base carries, made once, when the base is plain
-    /// HTTP. Such a connection is always HTTP/1.1 (HTTP/2 is only offered over TLS), where the
+    /// HTTP. Such a connection is always HTTP/1.1 (the proxy's client, `super::http_client`,
+    /// offers HTTP/2 only by ALPN, over TLS; prior-knowledge HTTP/2 would need this
+    /// revisited, as `Host` must then match `:authority`), where the
     /// client library would otherwise write the same value (the host, and the port unless it
     /// is the scheme's) afresh for every request. Over TLS the header is left to the library:
     /// an HTTP/2 connection carries the authority in `:authority` instead.

@@ -159,7 +159,9 @@ pub struct Upstream {
     silences: Counter,
 }
 
-/// A client over a pool of its own, HTTP/1.1 and HTTP/2, TLS by the web PKI roots.
+/// A client over a pool of its own, HTTP/1.1 and HTTP/2, TLS by the web PKI roots. HTTP/2 only
+/// by ALPN over TLS: a plain-HTTP base's `Host` is made once on that ground
+/// ([`base::Base::host_header`]).
 fn http_client(connect_timeout: Duration) -> HttpClient {
     let resolver = resolve::Bounded::new(GaiResolver::new(), connect_timeout, resolve::HEDGE_AFTER);
     let mut http = HttpConnector::new_with_resolver(resolver);
