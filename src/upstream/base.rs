@@ -48,6 +48,20 @@ impl Base {
         self.host_header.as_ref()
     }
 
+    /// `http://host:port` when the base is plain HTTP: where its connections go
+    /// (`super::plain`).
+    pub(super) fn plain_target(&self) -> Option<Uri> {
+        self.host_header.as_ref()?;
+        let host = self.url.host_str()?;
+        let port = self.url.port_or_known_default()?;
+        let host = if host.contains(':') && !host.starts_with('[') {
+            format!("[{host}]")
+        } else {
+            host.to_string()
+        };
+        Uri::try_from(format!("http://{host}:{port}")).ok()
+    }
+
     /// The host the base URL names.
     pub(super) fn host(&self) -> &str {
         self.url.host_str().unwrap_or("")

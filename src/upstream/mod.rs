@@ -11,6 +11,7 @@
 
 mod base;
 pub mod idle;
+mod plain;
 mod resolve;
 pub mod summarizer;
 
@@ -19,7 +20,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::{Stream, StreamExt, TryStreamExt};
-use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::Frame;
@@ -31,6 +32,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use prometheus_client::metrics::counter::Counter;
 
 use base::Base;
+use plain::{PlainError, PlainPool};
 
 /// A response body as it arrives.
 pub type ByteStream = Pin<Box<dyn Stream<Item = Result<Bytes, std::io::Error>> + Send>>;
@@ -148,6 +150,8 @@ type HttpClient = Client<Connector, UnsyncBoxBody<Bytes, std::io::Error>>;
 #[derive(Clone)]
 pub struct Upstream {
     client: HttpClient,
+    /// A plain-HTTP base's own pool ([`plain`]); TLS bases go through `client`.
+    plain: Option<PlainPool>,
     base: Base,
     key: Option<String>,
     key_header: KeyHeader,
@@ -163,10 +167,7 @@ pub struct Upstream {
 /// by ALPN over TLS: a plain-HTTP base's `Host` is made once on that ground
 /// ([`base::Base::host_header`]).
 fn http_client(connect_timeout: Duration) -> HttpClient {
-    let resolver = resolve::Bounded::new(GaiResolver::new(), connect_timeout, resolve::HEDGE_AFTER);
-    let mut http = HttpConnector::new_with_resolver(resolver);
-    http.set_connect_timeout(Some(connect_timeout));
-    http.set_nodelay(true);
+    let mut http = tcp_connector(connect_timeout);
     http.enforce_http(false);
     let https = hyper_rustls::HttpsConnectorBuilder::new()
         .with_webpki_roots()
@@ -184,6 +185,26 @@ fn http_client(connect_timeout: Duration) -> HttpClient {
         .build(https)
 }
 
+/// TCP connections with the name lookup and the connection itself bounded by
+/// `connect_timeout`, and Nagle's delay off (a request's head and body go out at once).
+fn tcp_connector(connect_timeout: Duration) -> HttpConnector<resolve::Bounded<GaiResolver>> {
+    let resolver = resolve::Bounded::new(GaiResolver::new(), connect_timeout, resolve::HEDGE_AFTER);
+    let mut http = HttpConnector::new_with_resolver(resolver);
+    http.set_connect_timeout(Some(connect_timeout));
+    http.set_nodelay(true);
+    http
+}
+
+/// A pool of its own for `base` when it is plain HTTP.
+fn plain_pool(base: &Base, connect_timeout: Duration) -> Option<PlainPool> {
+    let target = base.plain_target()?;
+    Some(PlainPool::new(
+        tcp_connector(connect_timeout),
+        target,
+        plain::IDLE_FOR,
+    ))
+}
+
 impl Upstream {
     pub fn new(
         base: &str,
@@ -191,9 +212,11 @@ impl Upstream {
         connect_timeout: Duration,
         first_byte_timeout: Duration,
     ) -> Result<Upstream, UpstreamError> {
+        let base = Base::parse(base)?;
         Ok(Upstream {
             client: http_client(connect_timeout),
-            base: Base::parse(base)?,
+            plain: plain_pool(&base, connect_timeout),
+            base,
             key,
             key_header: KeyHeader::Bearer,
             connect_timeout,
@@ -217,6 +240,7 @@ impl Upstream {
     pub fn with_own_pool(&self) -> Upstream {
         Upstream {
             client: http_client(self.connect_timeout),
+            plain: plain_pool(&self.base, self.connect_timeout),
             ..self.clone()
         }
     }
@@ -234,9 +258,11 @@ impl Upstream {
         key: Option<String>,
         key_header: KeyHeader,
     ) -> Result<Upstream, UpstreamError> {
+        let base = Base::parse(base)?;
         Ok(Upstream {
             client: self.client.clone(),
-            base: Base::parse(base)?,
+            plain: plain_pool(&base, self.connect_timeout),
+            base,
             key,
             key_header,
             connect_timeout: self.connect_timeout,
@@ -310,24 +336,37 @@ impl Upstream {
         }
         let mut request = http::Request::new(body.body);
         *request.method_mut() = method;
-        *request.uri_mut() = uri;
         *request.headers_mut() = headers;
-        let response =
-            match tokio::time::timeout(self.first_byte_timeout, self.client.request(request)).await
-            {
-                Err(_) => {
-                    return Err(UpstreamError::Timeout(format!(
-                        "no response within {} ms",
-                        self.first_byte_timeout.as_millis()
-                    )))
+        let no_answer = || {
+            UpstreamError::Timeout(format!(
+                "no response within {} ms",
+                self.first_byte_timeout.as_millis()
+            ))
+        };
+        let response = match &self.plain {
+            Some(pool) => {
+                // Sent on a connection to the base's own address: the request line names the
+                // path and query only (the host is in `Host`).
+                *request.uri_mut() = origin_form(uri);
+                match tokio::time::timeout(self.first_byte_timeout, pool.send(request)).await {
+                    Err(_) => return Err(no_answer()),
+                    Ok(Err(e)) => {
+                        let connect = matches!(e, PlainError::Connect(_));
+                        return Err(upstream_error(&e, connect));
+                    }
+                    Ok(Ok(r)) => r,
                 }
-                Ok(Err(e)) if timed_out(&e) => return Err(UpstreamError::Timeout(describe(&e))),
-                Ok(Err(e)) if e.is_connect() => {
-                    return Err(UpstreamError::Unreachable(describe(&e)))
+            }
+            None => {
+                *request.uri_mut() = uri;
+                let sent = self.client.request(request);
+                match tokio::time::timeout(self.first_byte_timeout, sent).await {
+                    Err(_) => return Err(no_answer()),
+                    Ok(Err(e)) => return Err(upstream_error(&e, e.is_connect())),
+                    Ok(Ok(r)) => r,
                 }
-                Ok(Err(e)) => return Err(UpstreamError::Broken(describe(&e))),
-                Ok(Ok(r)) => r,
-            };
+            }
+        };
         let (head, body) = response.into_parts();
         let mut headers = head.headers;
         strip_hop_by_hop(&mut headers);
@@ -344,8 +383,28 @@ impl Upstream {
     }
 }
 
+/// The path and query of `uri`, alone.
+fn origin_form(uri: Uri) -> Uri {
+    let mut parts = uri.into_parts();
+    parts.scheme = None;
+    parts.authority = None;
+    Uri::from_parts(parts).unwrap_or_else(|_| Uri::from_static("/"))
+}
+
+/// What a failed exchange is to the client: out of time, no connection (`connect`), or a
+/// connection that gave no valid answer.
+fn upstream_error(e: &(dyn std::error::Error + 'static), connect: bool) -> UpstreamError {
+    if timed_out(e) {
+        UpstreamError::Timeout(describe(e, connect))
+    } else if connect {
+        UpstreamError::Unreachable(describe(e, connect))
+    } else {
+        UpstreamError::Broken(describe(e, connect))
+    }
+}
+
 /// Whether the connection attempt or the exchange ran out of time (the connect timeout).
-fn timed_out(e: &hyper_util::client::legacy::Error) -> bool {
+fn timed_out(e: &(dyn std::error::Error + 'static)) -> bool {
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(s) = source {
         if s.downcast_ref::<std::io::Error>()
@@ -360,15 +419,15 @@ fn timed_out(e: &hyper_util::client::legacy::Error) -> bool {
 
 /// An error's chain of causes. The URL is never part of it (its query could carry
 /// credentials): the client's errors do not name it.
-fn describe(e: &hyper_util::client::legacy::Error) -> String {
+fn describe(e: &(dyn std::error::Error + 'static), connect: bool) -> String {
     let mut text = String::from(if timed_out(e) {
         "timed out"
-    } else if e.is_connect() {
+    } else if connect {
         "connection failed"
     } else {
         "request failed"
     });
-    let mut source = std::error::Error::source(e);
+    let mut source = e.source();
     while let Some(s) = source {
         text.push_str(": ");
         text.push_str(&s.to_string());

@@ -190,9 +190,40 @@ mod tests {
             .unwrap_err();
         assert!(err.is_connect());
         assert!(super::super::timed_out(&err));
-        let described = super::super::describe(&err);
+        let described = super::super::describe(&err, err.is_connect());
         assert!(
             described.starts_with("timed out")
+                && described.contains("name resolution took longer than 2000 ms"),
+            "{described}"
+        );
+    }
+
+    /// The same through a plain-HTTP base's own pool.
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_resolver_fails_a_plain_http_request_as_a_timed_out_connection() {
+        use http_body_util::BodyExt;
+        let connector = hyper_util::client::legacy::connect::HttpConnector::new_with_resolver(
+            Bounded::new(Silent, Duration::from_secs(2), HEDGE_AFTER),
+        );
+        let pool = super::super::plain::PlainPool::new(
+            connector,
+            "http://provider.internal:80".parse().unwrap(),
+            super::super::plain::IDLE_FOR,
+        );
+        let mut request = http::Request::new(
+            http_body_util::Empty::<bytes::Bytes>::new()
+                .map_err(|never| match never {})
+                .boxed_unsync(),
+        );
+        *request.uri_mut() = "/v1/models".parse().unwrap();
+        let err = pool.send(request).await.unwrap_err();
+        let connect = matches!(err, super::super::plain::PlainError::Connect(_));
+        assert!(connect, "{err:?}");
+        let error = super::super::upstream_error(&err, connect);
+        let described = error.to_string();
+        assert!(
+            matches!(error, super::super::UpstreamError::Timeout(_))
+                && described.contains("timed out")
                 && described.contains("name resolution took longer than 2000 ms"),
             "{described}"
         );
