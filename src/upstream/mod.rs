@@ -1,13 +1,15 @@
 //! Talking to the provider: the only module that knows the HTTP client.
 //!
-//! The client is hyper's own pooled one (hyper-util's), with rustls for TLS and HTTP/2 where
-//! the provider offers it: a request crosses the fewest layers there are, which a proxy pays on
-//! every request (`benches/results/2026-12-03-floor.md`). Requests go out with the client's
+//! A TLS provider is reached through hyper's own pooled client (hyper-util's), with rustls and
+//! HTTP/2 where the provider offers it; a plain-HTTP one (a model server nearby) through
+//! HTTP/1.1 connections pooled here ([`plain`]), which costs a small request a tenth fewer
+//! instructions. Either way a request crosses the fewest layers there are, which a proxy pays
+//! on every request (`benches/results/2026-12-03-floor.md`). Requests go out with the client's
 //! headers minus hop-by-hop ones (and with the configured key in place of the client's
 //! credentials, when there is one); responses come back as a status, headers and a byte stream
-//! that is never buffered. An answer that goes silent for longer than
-//! configured ends with an error ([`idle`]). [`summarizer`] sends summary requests; [`base`] builds the URIs they
-//! go to; [`resolve`] bounds the name lookup before a connection as the connection is bounded.
+//! that is never buffered. An answer that goes silent for longer than configured ends with an
+//! error ([`idle`]). [`summarizer`] sends summary requests; [`base`] builds the URIs they go
+//! to; [`resolve`] bounds the name lookup before a connection as the connection is bounded.
 
 mod base;
 pub mod idle;
@@ -301,7 +303,6 @@ impl Upstream {
         mut headers: HeaderMap,
         body: RequestBody,
     ) -> Result<UpstreamResponse, UpstreamError> {
-        let uri = self.base.uri_for(path_and_query)?;
         strip_hop_by_hop(&mut headers);
         // The provider's host, not the proxy's: made once for a plain-HTTP base, else set
         // by the client library from the URI.
@@ -347,7 +348,9 @@ impl Upstream {
             Some(pool) => {
                 // Sent on a connection to the base's own address: the request line names the
                 // path and query only (the host is in `Host`).
-                *request.uri_mut() = origin_form(uri);
+                *request.uri_mut() = pool.target(path_and_query, || {
+                    self.base.uri_for(path_and_query).map(origin_form)
+                })?;
                 match tokio::time::timeout(self.first_byte_timeout, pool.send(request)).await {
                     Err(_) => return Err(no_answer()),
                     Ok(Err(e)) => {
@@ -358,7 +361,7 @@ impl Upstream {
                 }
             }
             None => {
-                *request.uri_mut() = uri;
+                *request.uri_mut() = self.base.uri_for(path_and_query)?;
                 let sent = self.client.request(request);
                 match tokio::time::timeout(self.first_byte_timeout, sent).await {
                     Err(_) => return Err(no_answer()),
