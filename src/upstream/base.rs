@@ -185,6 +185,33 @@ mod tests {
     }
 
     #[test]
+    fn a_plain_http_base_is_reached_at_its_host_and_port() {
+        let target = |base: &str| {
+            Base::parse(base)
+                .unwrap()
+                .plain_target()
+                .map(|u| u.to_string())
+        };
+        assert_eq!(
+            target("http://127.0.0.1:8080/v1").as_deref(),
+            Some("http://127.0.0.1:8080/")
+        );
+        assert_eq!(
+            target("http://llm.internal/v1").as_deref(),
+            Some("http://llm.internal:80/")
+        );
+        assert_eq!(
+            target("http://[::1]:9000").as_deref(),
+            Some("http://[::1]:9000/")
+        );
+        assert_eq!(
+            target("http://user:pw@h:1/openai/").as_deref(),
+            Some("http://h:1/")
+        );
+        assert_eq!(target("https://api.openai.com/v1"), None);
+    }
+
+    #[test]
     fn a_path_joined_as_text_is_the_one_the_url_library_makes() {
         let paths = [
             "/chat/completions",
