@@ -74,7 +74,9 @@ impl Tenant {
 /// A seed is a keyed BLAKE3 hash, about 2 % of a small request's instructions; a client sends
 /// the same credentials with every request. Kept by the lines' exact bytes, so two
 /// credentials never share an entry; per thread (a runtime serves on one), so no lock is
-/// taken; in memory only, like the requests that carried them.
+/// taken. The credentials stay in the process's memory while kept (never written anywhere);
+/// lines longer than [`SEED_LINES_KEPT_AT_MOST`] are hashed every time, so that a client
+/// cannot make the cache hold more than about a megabyte a thread.
 struct SeedCache {
     by_lines: std::collections::HashMap<Box<[u8]>, Hash, ahash::RandomState>,
     /// The request's credential lines, made in a buffer kept between requests.
@@ -83,6 +85,9 @@ struct SeedCache {
 
 /// How many credentials a thread keeps the seeds of; past it, it starts again.
 const SEEDS_KEPT: usize = 1024;
+
+/// The longest credential lines whose seed is kept (a provider's key is under 300 bytes).
+const SEED_LINES_KEPT_AT_MOST: usize = 1024;
 
 thread_local! {
     static SEEDS: std::cell::RefCell<SeedCache> = std::cell::RefCell::new(SeedCache {
@@ -100,6 +105,9 @@ impl SeedCache {
         let mut hasher = identity::TenantSeed::new();
         hasher.update(&self.lines);
         let seed = hasher.finish();
+        if self.lines.len() > SEED_LINES_KEPT_AT_MOST {
+            return seed;
+        }
         if self.by_lines.len() == SEEDS_KEPT {
             self.by_lines.clear();
         }
@@ -252,6 +260,17 @@ mod tests {
             Tenant::from_credentials(&latin).seed,
             Tenant::from_credentials(&other).seed
         );
+        // Lines too long to keep are hashed each time, to the same seed.
+        let long_key = "k".repeat(SEED_LINES_KEPT_AT_MOST);
+        let long = || Tenant::from_credentials(&headers(&[("x-api-key", &long_key)])).seed;
+        assert_eq!(long(), identity::tenant(&format!("x-api-key: {long_key}")));
+        assert_eq!(long(), long());
+        SEEDS.with_borrow(|seeds| {
+            assert!(seeds
+                .by_lines
+                .keys()
+                .all(|lines| lines.len() <= SEED_LINES_KEPT_AT_MOST));
+        });
         // No credential after one: anonymous, the empty seed.
         let none = Tenant::from_credentials(&HeaderMap::new());
         assert!(none.anonymous);

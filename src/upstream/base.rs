@@ -38,12 +38,11 @@ impl Base {
     }
 
     /// The `Host` header a request to this base carries, made once, when the base is plain
-    /// HTTP. Such a connection is always HTTP/1.1 (the proxy's client, `super::http_client`,
-    /// offers HTTP/2 only by ALPN, over TLS; prior-knowledge HTTP/2 would need this
-    /// revisited, as `Host` must then match `:authority`), where the
-    /// client library would otherwise write the same value (the host, and the port unless it
-    /// is the scheme's) afresh for every request. Over TLS the header is left to the library:
-    /// an HTTP/2 connection carries the authority in `:authority` instead.
+    /// HTTP: the host, and the port unless it is the scheme's, as a client library writes it.
+    /// Such a request goes out on the base's own HTTP/1.1 connections (`super::plain`), which
+    /// write no `Host` of their own. Over TLS the header is left to the general client
+    /// (`super::http_client`): an HTTP/2 connection carries the authority in `:authority`
+    /// instead.
     pub(super) fn host_header(&self) -> Option<&HeaderValue> {
         self.host_header.as_ref()
     }
@@ -52,13 +51,9 @@ impl Base {
     /// (`super::plain`).
     pub(super) fn plain_target(&self) -> Option<Uri> {
         self.host_header.as_ref()?;
+        // An IPv6 host comes in brackets, as a URI writes it.
         let host = self.url.host_str()?;
         let port = self.url.port_or_known_default()?;
-        let host = if host.contains(':') && !host.starts_with('[') {
-            format!("[{host}]")
-        } else {
-            host.to_string()
-        };
         Uri::try_from(format!("http://{host}:{port}")).ok()
     }
 

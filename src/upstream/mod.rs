@@ -247,13 +247,15 @@ impl Upstream {
         }
     }
 
-    /// The same client and timeouts, aimed at another base URL and key.
+    /// The same general client and timeouts, aimed at another base URL and key (a plain-HTTP
+    /// base gets a pool of its own).
     pub fn with_base(&self, base: &str, key: Option<String>) -> Result<Upstream, UpstreamError> {
         self.for_provider(base, key.or_else(|| self.key.clone()), self.key_header)
     }
 
-    /// The same client and timeouts, aimed at another provider with its own key (none: the
-    /// client's credentials pass through), presented as `key_header`.
+    /// The same general client and timeouts, aimed at another provider with its own key (none:
+    /// the client's credentials pass through), presented as `key_header` (a plain-HTTP base
+    /// gets a pool of its own).
     pub fn for_provider(
         &self,
         base: &str,

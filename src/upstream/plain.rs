@@ -11,9 +11,12 @@
 //!
 //! What the general client does for a pooled connection is kept: a connection the provider
 //! closed while idle is found closed and dropped; a request that could not be written on a
-//! reused connection goes out again on a new one; a connection is given back once its answer
-//! has been read (at once when the answer arrived whole, else by a small task waiting for
-//! it); an idle connection is closed after [`IDLE_FOR`].
+//! reused connection goes out again on the next idle one, or a new one when none waits; a
+//! connection is given back once its answer has been read (at once when the answer arrived
+//! whole, else by a small task waiting for it); an idle connection is closed after
+//! [`IDLE_FOR`]. The sweep and the waiting tasks run on the runtime that started them: a pool
+//! shared between runtimes (the summarizer's) loses them when that runtime stops, which only
+//! happens at shutdown.
 
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -61,7 +64,7 @@ pub(super) struct PlainPool {
 
 struct Shared {
     idle: Mutex<IdleList>,
-    /// The request targets of the paths last asked, made once each ([`PlainPool::target`]).
+    /// The request targets of the last paths made, each made once ([`PlainPool::target`]).
     targets: Mutex<Vec<(Box<str>, Uri)>>,
     connector: Connector,
     /// `http://host:port`: what the connector resolves and connects to.
@@ -104,8 +107,9 @@ impl PlainPool {
 
     /// The request target (path and query, origin form) of `path_and_query`, as `make` makes
     /// it. A provider is asked a handful of paths, over and over: the last [`TARGETS_KEPT`]
-    /// are kept, which spares most requests the allocation and the parse (a tenth of a
-    /// percent of a request each).
+    /// distinct ones made are kept (the first made is the first dropped, so a path in use is
+    /// made again once after that many others), which spares most requests an allocation and
+    /// a parse (about 1.1k instructions, 1 % of a small request).
     pub(super) fn target<E>(
         &self,
         path_and_query: &str,
@@ -176,9 +180,11 @@ impl PlainPool {
             .await
             .map_err(PlainError::Exchange)?;
         // The connection is driven by a task of its own; it ends when the provider closes it
-        // or every sender is dropped (a request's error reaches that request).
+        // or every sender is dropped (a request's error reaches that request too).
         tokio::spawn(async move {
-            let _ = connection.await;
+            if let Err(error) = connection.await {
+                tracing::debug!(%error, "A connection to the provider ended with an error.");
+            }
         });
         Ok(sender)
     }
